@@ -1,0 +1,3 @@
+from normaudit.cli import main
+
+raise SystemExit(main())

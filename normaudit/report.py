@@ -1,0 +1,199 @@
+"""The typed report: pydantic models for everything normaudit emits.
+
+The fields named in ``shared/CONTRACT.md`` (``sites[].module``, ``kind``, ``eps``, ``normalized_axes``,
+``placement``; ``model.placement``, ``model.parallel_residual``; ``findings[].rule_id``, ``category``,
+``severity``, ``module``, ``message``, ``source``) are an outside contract: rename none of them.
+Everything else may grow. Renderers (``normaudit.render``) read only these models.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Kind = Literal["LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm", "InstanceNorm", "LocalResponseNorm", "Other"]
+AxisLabel = Literal["batch", "sequence", "height", "width", "depth", "channel", "feature", "head", "unknown"]
+Placement = Literal["pre", "post", "sandwich", "final", "embedding", "qk", "none", "unknown"]
+ModelPlacement = Literal["pre", "post", "sandwich", "mixed", "none", "unknown"]
+Severity = Literal["error", "warning", "info"]
+Category = Literal["layout", "placement", "eps", "norm-type", "batchnorm", "numerics", "checkpoint", "capture"]
+
+SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SourceLocation(_Model):
+    """A place in a source file: 1-based ``line``; ``file`` as given (absolute where it was resolved)."""
+
+    file: str
+    line: Optional[int] = None
+
+
+class Formula(_Model):
+    """What a site computes, as derived from the graph (and, where run, confirmed numerically).
+
+    Reference formulas: Ba, Kiros, Hinton 2016 (arXiv 1607.06450) eq. 3-4 for LayerNorm
+    (mean and population variance over the normalised features, eps inside the sqrt as in
+    ``torch.nn.LayerNorm``); Zhang & Sennrich 2019 (arXiv 1910.07467) for RMSNorm (no mean subtraction,
+    root mean square of the features).
+    """
+
+    mean_subtracted: Optional[bool] = None
+    variance: Optional[Literal["population", "unbiased", "mean_square", "none", "unknown"]] = None
+    eps_position: Optional[Literal["inside_sqrt", "outside_sqrt", "clamp", "none", "unknown"]] = None
+    gain: Optional[Literal["weight", "one_plus_weight", "none", "unknown"]] = None
+    bias: Optional[bool] = None
+    stats_dtype: Optional[str] = None
+    upcast: Optional[bool] = None
+    fused: bool = False
+    inverted_scale: Optional[bool] = None
+    confirmed: Optional[bool] = None
+    text: Optional[str] = None
+
+
+class WeightStats(_Model):
+    """Statistics of a site's parameters as read from a checkpoint (or the model's own initial values).
+
+    ``gain_*`` summarise the 1-D scale parameter (``weight``/``gamma``/``scale``); ``running_state`` is
+    ``initial`` when BatchNorm running statistics still equal their construction values (mean 0, var 1,
+    ``num_batches_tracked`` 0), ``trained`` otherwise, and None for norms without running statistics.
+    """
+
+    source: Literal["checkpoint", "model"] = "checkpoint"
+    keys: list[str] = Field(default_factory=list)
+    shape: Optional[list[int]] = None
+    dtype: Optional[str] = None
+    gain_mean: Optional[float] = None
+    gain_std: Optional[float] = None
+    gain_min: Optional[float] = None
+    gain_max: Optional[float] = None
+    bias_present: Optional[bool] = None
+    nonfinite: int = 0
+    running_state: Optional[Literal["initial", "trained"]] = None
+    num_batches_tracked: Optional[int] = None
+
+
+class Site(_Model):
+    """One normalisation computation found in the model.
+
+    ``module`` is the dotted path of the owning module as ``model.named_modules()`` names it; a functional
+    call inside a module's forward carries that module's path (with ``call_index`` > 0 for the second and
+    later calls in the same module).
+    """
+
+    module: str
+    kind: Kind
+    class_name: str
+    detected_by: Literal["module", "functional", "pattern", "module_walk", "checkpoint"]
+    op: Optional[str] = None
+    call_index: int = 0
+    eps: Optional[float] = None
+    normalized_shape: Optional[list[int]] = None
+    reduced_dims: Optional[list[int]] = None
+    normalized_axes: list[AxisLabel] = Field(default_factory=list)
+    input_shape: Optional[list[int]] = None
+    input_axes: Optional[list[str]] = None
+    input_dtype: Optional[str] = None
+    compute_dtype: Optional[str] = None
+    affine_weight: Optional[bool] = None
+    affine_bias: Optional[bool] = None
+    num_groups: Optional[int] = None
+    num_channels: Optional[int] = None
+    training: Optional[bool] = None
+    track_running_stats: Optional[bool] = None
+    placement: Placement = "unknown"
+    block: Optional[str] = None
+    formula: Optional[Formula] = None
+    weights: Optional[WeightStats] = None
+    source: Optional[SourceLocation] = None
+    definition: Optional[SourceLocation] = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class Block(_Model):
+    """A repeated block (e.g. ``layers.0``) and the role of each of its norms."""
+
+    path: str
+    class_name: str
+    norms: dict[str, Placement] = Field(default_factory=dict)
+
+
+class ModelFacts(_Model):
+    """Model-level facts."""
+
+    class_name: str
+    num_parameters: Optional[int] = None
+    placement: ModelPlacement = "unknown"
+    parallel_residual: bool = False
+    has_final_norm: Optional[bool] = None
+    num_residual_adds: int = 0
+    blocks: list[Block] = Field(default_factory=list)
+    config_source: Optional[str] = None
+
+
+class CaptureAttempt(_Model):
+    method: str
+    ok: bool
+    error: Optional[str] = None
+    seconds: float = 0.0
+
+
+class CaptureInfo(_Model):
+    """How the model was captured: the method that ran, what failed before it, and coverage."""
+
+    method: Literal["symbolic_trace", "export", "module_walk", "none"]
+    complete: bool
+    attempts: list[CaptureAttempt] = Field(default_factory=list)
+    num_nodes: int = 0
+    inputs: list[str] = Field(default_factory=list)
+    inputs_assumed: Optional[str] = None
+    fake_tensors: bool = True
+
+
+class Finding(_Model):
+    """One rule hit on one module."""
+
+    rule_id: str
+    rule_name: str
+    category: Category
+    severity: Severity
+    confidence: Literal["high", "medium", "low"] = "high"
+    module: str
+    message: str
+    fix: Optional[str] = None
+    source: Optional[SourceLocation] = None
+
+
+class TargetInfo(_Model):
+    path: str
+    kind: Literal["python", "hf_dir", "hf_config", "checkpoint"]
+    factory: Optional[str] = None
+    config: Optional[str] = None
+    checkpoint: Optional[str] = None
+    dtype: str = "float32"
+    batch_size: Optional[int] = None
+
+
+class Summary(_Model):
+    sites: int
+    errors: int
+    warnings: int
+    infos: int
+    by_kind: dict[str, int] = Field(default_factory=dict)
+
+
+class Report(_Model):
+    """The whole report, dumped with ``model_dump_json`` for ``--format json``."""
+
+    tool: str = "normaudit"
+    version: str
+    target: TargetInfo
+    capture: CaptureInfo
+    model: ModelFacts
+    sites: list[Site]
+    findings: list[Finding]
+    summary: Summary
+    notes: list[str] = Field(default_factory=list)
