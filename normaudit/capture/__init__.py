@@ -1,1 +1,233 @@
+"""Graph capture: a ``torch.fx.GraphModule`` whose nodes carry shapes, on fake tensors.
 
+Methods, in order: ``torch.fx`` symbolic tracing (keeps ``call_module`` nodes; shapes from ``ShapeProp``
+under a ``FakeTensorMode``), then ``torch.export.export(strict=False)`` (aten-level, ``nn_module_stack``
+on every node). A model built on the meta device is materialised under ``FakeTensorMode`` with
+``to_empty(device="cpu")`` first, so no weight memory is allocated. When every method fails in the model's
+own mode (e.g. BatchNorm in train mode with one value per channel), the methods are retried in eval mode.
+When nothing captures, :func:`capture_model` returns ``gm=None`` and the caller falls back to walking
+``named_modules()``.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch import fx, nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.shape_prop import ShapeProp
+
+from normaudit.report import CaptureAttempt
+
+
+@dataclass
+class Capture:
+    """The captured graph and how it was obtained.
+
+    ``user_inputs`` names the placeholders that are model inputs (not parameters or buffers), in order;
+    ``modules`` maps every ``named_modules()`` path to its module (fake tensors inside).
+    """
+
+    gm: Optional[fx.GraphModule]
+    method: str
+    attempts: list[CaptureAttempt]
+    root: nn.Module
+    modules: dict[str, nn.Module]
+    user_inputs: list[str] = field(default_factory=list)
+    eval_fallback: bool = False
+    train_error: Optional[str] = None
+
+    @property
+    def complete(self) -> bool:
+        return self.gm is not None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _tensor_leaves(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensor_leaves(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensor_leaves(v)]
+    if hasattr(obj, "to_tuple") and callable(obj.to_tuple):  # transformers ModelOutput
+        return _tensor_leaves(obj.to_tuple())
+    return []
+
+
+class _Flatten(nn.Module):
+    """Wraps the model so export sees only tensors in the output (HF outputs carry caches)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.m = model
+
+    def forward(self, *args, **kwargs):
+        return tuple(_tensor_leaves(self.m(*args, **kwargs)))
+
+
+class _LeafTracer(fx.Tracer):
+    """Symbolic tracer that records module stacks and keeps only childless torch.nn modules as leaves
+    (plus MultiheadAttention), so composite torch.nn modules such as TransformerEncoderLayer are traced into."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if isinstance(m, nn.MultiheadAttention):
+            return True
+        return super().is_leaf_module(m, module_qualified_name) and not any(True for _ in m.children())
+
+
+def _fake_inputs(inputs: Any, mode: FakeTensorMode, dtype: torch.dtype) -> Any:
+    def conv(t):
+        if isinstance(t, torch.Tensor):
+            if t.is_floating_point() and dtype != torch.float32:
+                t = t.to(dtype)
+            return mode.from_tensor(t)
+        return t
+
+    if isinstance(inputs, dict):
+        return {k: conv(v) for k, v in inputs.items()}
+    return tuple(conv(t) for t in inputs)
+
+
+def _symbolic_trace(model: nn.Module, args: tuple, mode: FakeTensorMode) -> tuple[fx.GraphModule, list[str]]:
+    tracer = _LeafTracer()
+    graph = tracer.trace(model)
+    gm = fx.GraphModule(tracer.root, graph)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) < len(args):
+        raise RuntimeError("more example inputs than forward() parameters")
+    with mode:
+        ShapeProp(gm).propagate(*args)
+    for n in gm.graph.nodes:
+        tm = n.meta.get("tensor_meta")
+        if "val" not in n.meta and tm is not None:
+            n.meta["val"] = _meta_val(tm, mode)
+    return gm, [p.name for p in placeholders[: len(args)]]
+
+
+def _meta_val(tm: Any, mode: FakeTensorMode) -> Any:
+    """Turn ShapeProp's TensorMetadata (or nested tuples of it) into fake tensors, like export's meta['val']."""
+    from torch.fx.passes.shape_prop import TensorMetadata
+
+    if isinstance(tm, TensorMetadata):
+        with mode:
+            return torch.empty(tm.shape, dtype=tm.dtype, device="cpu")
+    if isinstance(tm, (list, tuple)):
+        return type(tm)(_meta_val(t, mode) for t in tm)
+    if isinstance(tm, dict):
+        return {k: _meta_val(v, mode) for k, v in tm.items()}
+    return None
+
+
+def _export(model: nn.Module, args: Any, mode: FakeTensorMode) -> tuple[fx.GraphModule, list[str]]:
+    kwargs: dict[str, Any] = {}
+    if isinstance(args, dict):
+        kwargs, args = dict(args), ()
+    if getattr(getattr(model, "config", None), "use_cache", None) is not None:
+        kwargs.setdefault("use_cache", False)
+    with mode:
+        ep = torch.export.export(_Flatten(model), args, kwargs, strict=False)
+    from torch.export.graph_signature import InputKind
+
+    user = [s.arg.name for s in ep.graph_signature.input_specs
+            if s.kind == InputKind.USER_INPUT and hasattr(s.arg, "name")]
+    return ep.graph_module, user
+
+
+def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dtype = torch.float32,
+                  methods: tuple[str, ...] = ("symbolic_trace", "export")) -> Capture:
+    """Capture ``model`` called on ``inputs`` (a tuple or a dict of keyword inputs).
+
+    ``dtype`` is the precision the model will run in: floating parameters and inputs are cast to it on fake
+    tensors, so the graph shows which operations compute in half precision. Never raises for a model that
+    cannot be captured: the attempts record each failure.
+    """
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    if not on_meta:
+        model = copy.deepcopy(model)  # the caller's real weights stay untouched
+    if dtype != torch.float32:
+        model.to(dtype)  # on meta or on the private copy, before fake tensors replace the storage
+    with mode:
+        if on_meta:
+            model.to_empty(device="cpu")
+        elif not _is_fake(model):
+            _fakeify_(model, mode)
+    modules = dict(model.named_modules())
+    fake_args = _fake_inputs(inputs, mode, dtype)
+    attempts: list[CaptureAttempt] = []
+    train_error = None
+    was_training = model.training
+    for train_pass in ([True, False] if was_training else [False]):
+        if not train_pass:
+            model.eval()
+        for method in methods:
+            if method == "symbolic_trace" and isinstance(fake_args, dict):
+                continue
+            t0 = time.perf_counter()
+            try:
+                with _quiet():
+                    if method == "symbolic_trace":
+                        gm, user = _symbolic_trace(model, fake_args, mode)
+                    else:
+                        gm, user = _export(model, fake_args, mode)
+            except Exception as exc:  # noqa: BLE001 - any failure moves on to the next method
+                label = method if train_pass == was_training else f"{method} (eval)"
+                attempts.append(CaptureAttempt(method=label, ok=False, error=_one_line(exc),
+                                               seconds=round(time.perf_counter() - t0, 3)))
+                if train_pass and train_error is None:
+                    train_error = _one_line(exc)
+                continue
+            label = method if train_pass == was_training else f"{method} (eval)"
+            attempts.append(CaptureAttempt(method=label, ok=True, seconds=round(time.perf_counter() - t0, 3)))
+            if was_training:
+                model.train()
+            return Capture(gm=gm, method=method, attempts=attempts, root=model, modules=modules,
+                           user_inputs=user, eval_fallback=not train_pass and was_training,
+                           train_error=train_error if not train_pass else None)
+    if was_training:
+        model.train()
+    return Capture(gm=None, method="module_walk", attempts=attempts, root=model, modules=modules,
+                   train_error=train_error)
+
+
+def _is_fake(model: nn.Module) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return any(isinstance(p, FakeTensor) for p in model.parameters())
+
+
+def _fakeify_(model: nn.Module, mode: FakeTensorMode) -> None:
+    """Replace a real model's parameters and buffers by fake copies (same shapes, dtypes, no data)."""
+    for mod in model.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None:
+                mod._parameters[name] = nn.Parameter(mode.from_tensor(p.detach()), requires_grad=p.requires_grad)
+        for name, b in list(mod._buffers.items()):
+            if b is not None:
+                mod._buffers[name] = mode.from_tensor(b)
+
+
+@contextlib.contextmanager
+def _quiet():
+    import logging
+    import warnings
+
+    logger = logging.getLogger("torch")
+    old = logger.level
+    logger.setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            yield
+        finally:
+            logger.setLevel(old)

@@ -1,0 +1,161 @@
+"""The pipeline end to end: target -> capture -> facts -> rules -> report.
+
+:func:`run_audit` is what the CLI and :mod:`normaudit.testing` call.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from normaudit import __version__
+from normaudit.capture import capture_model
+from normaudit.engine.evaluator import evaluate
+from normaudit.engine.loader import load_rules
+from normaudit.engine.schema import Rule
+from normaudit.errors import UsageError
+from normaudit.facts import Facts, collect_facts
+from normaudit.facts.axes import parse_input_axes
+from normaudit.report import (SEVERITY_RANK, CaptureInfo, Finding, Report, SourceLocation, Summary,
+                              TargetInfo)
+from normaudit.target.config import load_config, model_config
+from normaudit.target.inputs import infer_inputs
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class AuditOptions:
+    """What one audit run is asked to do (the CLI flags, after config-file merging)."""
+
+    target: str
+    config: Optional[str] = None
+    checkpoint: Optional[str] = None
+    dtype: str = "float32"
+    batch_size: Optional[int] = None
+    rules_dirs: list[str] = field(default_factory=list)
+    select: list[str] = field(default_factory=list)
+    ignore: list[str] = field(default_factory=list)
+    input_axes: Optional[str] = None
+
+
+@dataclass
+class ModelUnderAudit:
+    """A model ready to capture, from whatever target kind produced it."""
+
+    model: nn.Module
+    inputs: Any
+    on_meta: bool
+    kind: str
+    factory: Optional[str] = None
+    origins: dict = field(default_factory=dict)
+    inputs_assumed: Optional[str] = None
+
+
+def _selected(rule: Rule, select: list[str], ignore: list[str]) -> bool:
+    def match(patterns: list[str]) -> bool:
+        return any(rule.id.startswith(p) or rule.name == p or rule.category == p for p in patterns)
+
+    if select and not match(select):
+        return False
+    return not match(ignore)
+
+
+def load_model(opts: AuditOptions) -> ModelUnderAudit:
+    """Build the model named by ``opts.target``. Raises UsageError for bad targets."""
+    from normaudit.target.pyfile import load_python_target, split_target
+
+    path, _ = split_target(opts.target)
+    if path.suffix == ".py" or (path.is_file() and path.suffix == ""):
+        loaded = load_python_target(opts.target)
+        return ModelUnderAudit(model=loaded.model, inputs=loaded.inputs, on_meta=loaded.on_meta, kind="python",
+                               factory=loaded.factory, origins=loaded.origins)
+    if not path.exists():
+        raise UsageError("no such file or directory", file=str(path))
+    raise UsageError("unsupported target: give a model .py file (model.py or model.py:factory)", file=str(path))
+
+
+def build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule]) -> Report:
+    """Capture ``mua.model``, derive facts, evaluate ``rules`` and assemble the report."""
+    dtype = DTYPES[opts.dtype]
+    inputs = mua.inputs
+    assumed = mua.inputs_assumed
+    if inputs is None:
+        try:
+            inputs, assumed = infer_inputs(mua.model)
+        except ValueError as err:
+            raise UsageError(str(err), file=opts.target) from err
+    own_config = model_config(mua.model)
+    config: dict[str, Any] = {}
+    config_source = None
+    if own_config:
+        config, config_source = dict(own_config), "the model's own config"
+    if opts.config:
+        config, config_source = load_config(opts.config), Path(opts.config).name
+    declared = parse_input_axes(opts.input_axes) if opts.input_axes else None
+    cap = capture_model(mua.model, inputs, mua.on_meta, dtype)
+    facts: Facts = collect_facts(cap, mua.origins, declared)
+    sites = [r.site for r in facts.records]
+    batch = opts.batch_size
+    if batch is None:
+        first = next(iter(inputs.values())) if isinstance(inputs, dict) else (inputs[0] if inputs else None)
+        if isinstance(first, torch.Tensor) and first.dim() > 0:
+            batch = int(first.shape[0])
+    options = {"dtype": opts.dtype, "batch_size": batch, "checkpoint": bool(opts.checkpoint),
+               "capture_method": cap.method, "train_error": cap.train_error}
+    active = [r for r in rules.values() if _selected(r, opts.select, opts.ignore)]
+    findings = evaluate(active, sites, facts.model, config, config_source, options)
+    findings.sort(key=lambda f: (-SEVERITY_RANK[f.severity], f.module, f.rule_id))
+    facts.model.config_source = config_source
+    info = CaptureInfo(method=cap.method, complete=cap.complete, attempts=cap.attempts,
+                       num_nodes=len(cap.gm.graph.nodes) if cap.gm is not None else 0,
+                       inputs=_describe_inputs(inputs), inputs_assumed=assumed, fake_tensors=True)
+    notes = list(facts.notes)
+    if not cap.complete:
+        notes.append("capture failed: sites come from walking named_modules(); placement, axes and formula facts "
+                     "are unknown (report incomplete)")
+    if cap.eval_fallback:
+        notes.append(f"captured in eval mode: in train mode the model failed ({cap.train_error})")
+    by_kind: dict[str, int] = {}
+    for s in sites:
+        by_kind[s.kind] = by_kind.get(s.kind, 0) + 1
+    summary = Summary(sites=len(sites), by_kind=by_kind,
+                      errors=sum(f.severity == "error" for f in findings),
+                      warnings=sum(f.severity == "warning" for f in findings),
+                      infos=sum(f.severity == "info" for f in findings))
+    target = TargetInfo(path=opts.target, kind=mua.kind, factory=mua.factory, config=opts.config,
+                        checkpoint=opts.checkpoint, dtype=opts.dtype, batch_size=batch)
+    return Report(version=__version__, target=target, capture=info, model=facts.model, sites=sites,
+                  findings=findings, summary=summary, notes=notes)
+
+
+def _describe_inputs(inputs: Any) -> list[str]:
+    def one(name: str, t: Any) -> str:
+        if isinstance(t, torch.Tensor):
+            return f"{name}: {str(t.dtype).replace('torch.', '')}{list(t.shape)}"
+        return f"{name}: {type(t).__name__}"
+
+    if isinstance(inputs, dict):
+        return [one(k, v) for k, v in inputs.items()]
+    return [one(f"arg{i}", v) for i, v in enumerate(inputs)]
+
+
+def run_audit(opts: AuditOptions, rules: Optional[dict[str, Rule]] = None) -> Report:
+    """Load the target and audit it. Raises UsageError for bad input."""
+    if opts.dtype not in DTYPES:
+        raise UsageError(f"unknown dtype {opts.dtype!r}; use float32, float16 or bfloat16")
+    rules = rules if rules is not None else load_rules(opts.rules_dirs)
+    mua = load_model(opts)
+    return build_report(opts, mua, rules)
+
+
+def exit_status(report: Report, fail_on: str) -> int:
+    """0 when no finding is at or above ``fail_on`` (error|warning|info|never), else 1 (CONTRACT.md)."""
+    if fail_on == "never":
+        return 0
+    floor = SEVERITY_RANK[fail_on]
+    return 1 if any(SEVERITY_RANK[f.severity] >= floor for f in report.findings) else 0

@@ -1,0 +1,175 @@
+"""Evaluate declarative rules over facts with simpleeval (expressions compiled once per rule).
+
+Names a rule expression can read:
+
+- ``site``: the :class:`normaudit.report.Site` (scope ``site``), e.g. ``site.eps``, ``site.normalized_axes``;
+- ``model``: :class:`normaudit.report.ModelFacts`; ``sites``: every site (scope ``model``);
+- ``config``: the merged configuration mapping (``--config``, checkpoint config, the model's own config);
+  ``config_source``: where it came from;
+- ``options``: ``dtype``, ``batch_size`` (the micro-batch), ``checkpoint`` (bool);
+- ``params``: the rule's own ``params``; names defined in the rule's ``let`` (evaluated in order);
+- functions: ``isclose``, ``first_key``, ``lookup``, ``fp_rounds_to_zero``, ``finfo_eps``, ``any``, ``all``,
+  ``len``, ``min``, ``max``, ``abs``, ``sorted``, ``set``, ``str``, ``float``, ``int``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+from simpleeval import EvalWithCompoundTypes
+
+from normaudit.engine.schema import Rule
+from normaudit.errors import UsageError
+from normaudit.report import Finding, ModelFacts, Site, SEVERITY_RANK
+
+_HALF = {"float16": (2.0 ** -24, 2.0 ** -10), "bfloat16": (2.0 ** -133, 2.0 ** -7), "float32": (2.0 ** -149, 2.0 ** -23)}
+
+
+def first_key(mapping: Any, keys: Iterable[str]) -> Optional[tuple[str, Any]]:
+    """The first of ``keys`` present in ``mapping`` (searching nested dicts too) as ``(key, value)``."""
+    if not isinstance(mapping, dict):
+        return None
+    for key in keys:
+        if key in mapping and mapping[key] is not None:
+            return key, mapping[key]
+    for sub in mapping.values():
+        if isinstance(sub, dict):
+            found = first_key(sub, keys)
+            if found is not None:
+                return found
+    return None
+
+
+def lookup(mapping: Any, key: str, default: Any = None) -> Any:
+    """``mapping[key]`` for a dict, else ``default``."""
+    return mapping.get(key, default) if isinstance(mapping, dict) else default
+
+
+def fp_rounds_to_zero(value: Optional[float], dtype: str) -> bool:
+    """True when ``value`` (> 0) rounds to 0 when stored in ``dtype`` (IEEE 754 round-to-nearest:
+    below half the smallest subnormal, 2**-25 for float16, 2**-134 for bfloat16)."""
+    if value is None or value <= 0 or dtype not in _HALF:
+        return False
+    return value < _HALF[dtype][0] / 2
+
+
+def finfo_eps(dtype: str) -> float:
+    """Machine epsilon of a floating dtype name (``torch.finfo(dtype).eps``)."""
+    return _HALF.get(dtype, _HALF["float32"])[1]
+
+
+FUNCTIONS = {
+    "isclose": lambda a, b, rel_tol=1e-6: a is not None and b is not None and math.isclose(float(a), float(b), rel_tol=rel_tol),
+    "first_key": first_key, "lookup": lookup, "fp_rounds_to_zero": fp_rounds_to_zero, "finfo_eps": finfo_eps,
+    "any": any, "all": all, "len": len, "min": min, "max": max, "abs": abs, "sorted": sorted, "set": set,
+    "str": str, "float": float, "int": int, "bool": bool, "list": list,
+}
+
+
+@dataclass
+class CompiledRule:
+    rule: Rule
+    parsed: dict[str, Any]
+
+
+_COMPILED: dict[int, CompiledRule] = {}
+
+
+def _evaluator(names: dict[str, Any]) -> EvalWithCompoundTypes:
+    ev = EvalWithCompoundTypes(names=names, functions=FUNCTIONS)
+    return ev
+
+
+def compile_rule(rule: Rule, file: str = "") -> CompiledRule:
+    """Parse every expression of ``rule`` once. Raises UsageError naming the file and the bad expression."""
+    ev = _evaluator({})
+    parsed: dict[str, Any] = {}
+    exprs = {f"let.{k}": v for k, v in rule.let.items()}
+    exprs["when"] = rule.when
+    exprs.update({f"severity_when.{k}": v for k, v in rule.severity_when.items()})
+    if rule.module_expr:
+        exprs["module_expr"] = rule.module_expr
+    for key, expr in exprs.items():
+        try:
+            parsed[key] = ev.parse(expr)
+        except SyntaxError as err:
+            raise UsageError(f"rule {rule.id} field '{key}': invalid expression: {err.msg}", file=file or None) from err
+    compiled = CompiledRule(rule=rule, parsed=parsed)
+    _COMPILED[id(rule)] = compiled
+    return compiled
+
+
+class _Namespace(dict):
+    """A dict whose keys also read as attributes (``params.threshold``, ``options.dtype``)."""
+
+    def __getattr__(self, item: str) -> Any:
+        try:
+            return self[item]
+        except KeyError as err:
+            raise AttributeError(item) from err
+
+
+def _ns(value: Any) -> Any:
+    if isinstance(value, dict) and not isinstance(value, _Namespace):
+        return _Namespace({k: _ns(v) for k, v in value.items()})
+    return value
+
+
+class RuleError(Exception):
+    """A rule expression failed on some facts (a bug in the rule, reported with rule id and module)."""
+
+
+def _run(compiled: CompiledRule, names: dict[str, Any]) -> Optional[tuple[str, dict[str, Any]]]:
+    rule = compiled.rule
+    ev = _evaluator(names)
+    for key in rule.let:
+        names[key] = ev.eval(rule.let[key], previously_parsed=compiled.parsed[f"let.{key}"])
+    if not ev.eval(rule.when, previously_parsed=compiled.parsed["when"]):
+        return None
+    severity = rule.severity
+    for sev in sorted(rule.severity_when, key=lambda s: -SEVERITY_RANK[s]):
+        if ev.eval(rule.severity_when[sev], previously_parsed=compiled.parsed[f"severity_when.{sev}"]):
+            severity = sev
+            break
+    return severity, names
+
+
+def _format(template: str, names: dict[str, Any]) -> str:
+    return template.format(**names).strip()
+
+
+def evaluate(rules: Iterable[Rule], sites: list[Site], model: ModelFacts, config: dict[str, Any],
+             config_source: Optional[str], options: dict[str, Any]) -> list[Finding]:
+    """Run every rule over the facts; returns findings (unsorted). Raises RuleError on a failing rule."""
+    findings: list[Finding] = []
+    base = {"model": model, "sites": sites, "config": _ns(config or {}), "config_source": config_source or "the config",
+            "options": _ns(options)}
+    for rule in rules:
+        compiled = _COMPILED.get(id(rule)) or compile_rule(rule)
+        params = _ns(dict(rule.params))
+        targets = [s for s in sites if not rule.applies_to or s.kind in rule.applies_to] if rule.scope == "site" else [None]
+        for site in targets:
+            names = dict(base, params=params, site=site)
+            try:
+                hit = _run(compiled, names)
+                if hit is None:
+                    continue
+                severity, names = hit
+                module = site.module if site is not None else ""
+                if rule.module_expr:
+                    ev = _evaluator(names)
+                    module = str(ev.eval(rule.module_expr, previously_parsed=compiled.parsed["module_expr"]))
+                message = _format(rule.message, names)
+                fix = _format(rule.fix, names)
+            except Exception as exc:  # noqa: BLE001 - surfaced as an internal error naming the rule
+                where = site.module if site is not None else "model"
+                raise RuleError(f"rule {rule.id} failed on {where or '<root>'}: {type(exc).__name__}: {exc}") from exc
+            source = site.source if site is not None else None
+            if site is None and module:
+                match = next((s for s in sites if s.module == module), None)
+                source = match.source if match else None
+            findings.append(Finding(rule_id=rule.id, rule_name=rule.name, category=rule.category, severity=severity,
+                                    confidence=rule.confidence, module=module, message=message, fix=fix,
+                                    source=source))
+    return findings

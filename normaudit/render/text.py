@@ -1,0 +1,105 @@
+"""``--format text``: for a person. A table of sites, the block structure, then findings grouped by
+severity with ``file:line`` and the fix."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from normaudit.report import Report, Site, SourceLocation
+
+
+def _where(src: Optional[SourceLocation]) -> str:
+    if src is None:
+        return ""
+    path = src.file
+    try:
+        rel = os.path.relpath(path)
+        if not rel.startswith(".."):
+            path = rel
+    except ValueError:
+        pass
+    return f"{path}:{src.line}" if src.line else path
+
+
+def _fmt_eps(eps: Optional[float]) -> str:
+    return "-" if eps is None else f"{eps:g}"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
+    out.append("  ".join("-" * w for w in widths))
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return out
+
+
+def _site_row(s: Site) -> list[str]:
+    module = s.module or "<root>"
+    if s.call_index:
+        module += f" #{s.call_index + 1}"
+    return [module, s.kind, s.class_name, _fmt_eps(s.eps), ",".join(s.normalized_axes) or "-", s.placement,
+            s.compute_dtype or "-"]
+
+
+def render(report: Report, rules=None) -> str:
+    """The human-readable report."""
+    lines: list[str] = []
+    t = report.target
+    cap = report.capture
+    lines.append(f"normaudit {report.version}: {t.path}  ({report.model.class_name}, dtype {t.dtype})")
+    how = f"captured with {cap.method}" if cap.complete else "capture FAILED: norms found by walking modules"
+    failed = [a for a in cap.attempts if not a.ok]
+    if failed and cap.complete:
+        how += " (" + "; ".join(f"{a.method} failed: {a.error}" for a in failed) + ")"
+    lines.append(how)
+    if cap.inputs_assumed:
+        lines.append(f"inputs assumed: {cap.inputs_assumed}")
+    lines.append("")
+    rows = [_site_row(s) for s in report.sites]
+    lines.append(f"{len(report.sites)} normalisation site(s)")
+    if rows:
+        lines += _table(rows, ["module", "kind", "class", "eps", "axes", "placement", "stats dtype"])
+    formulas = {}
+    for s in report.sites:
+        if s.formula is not None and s.formula.text:
+            formulas.setdefault(s.formula.text, []).append(s.module or "<root>")
+    if formulas:
+        lines.append("")
+        lines.append("formulas:")
+        for text, mods in formulas.items():
+            more = f" (+{len(mods) - 1} more)" if len(mods) > 1 else ""
+            lines.append(f"  {text}   [{mods[0]}{more}]")
+    m = report.model
+    if m.blocks or m.placement != "unknown":
+        lines.append("")
+        lines.append(f"residual scheme: {m.placement}" + (" (parallel attention/MLP branches)" if m.parallel_residual else "")
+                     + ("" if m.has_final_norm is None else f", final norm: {'yes' if m.has_final_norm else 'no'}"))
+        kinds: dict[tuple, list[str]] = {}
+        for b in m.blocks:
+            roles = tuple((k[len(b.path) + 1:] if k.startswith(b.path + ".") else k, v) for k, v in b.norms.items())
+            kinds.setdefault((b.class_name, roles), []).append(b.path)
+        for (cls, roles), paths in kinds.items():
+            desc = ", ".join(f"{name}={role}" for name, role in roles) or "no norms"
+            span = paths[0] if len(paths) == 1 else f"{paths[0]} .. {paths[-1]} (x{len(paths)})"
+            lines.append(f"  {cls} {span}: {desc}")
+    lines.append("")
+    if not report.findings:
+        lines.append("no findings")
+    for sev in ("error", "warning", "info"):
+        group = [f for f in report.findings if f.severity == sev]
+        if not group:
+            continue
+        lines.append(f"{sev.upper()}S ({len(group)})" if sev != "info" else f"INFO ({len(group)})")
+        for f in group:
+            where = _where(f.source)
+            lines.append(f"  {f.rule_id} [{f.category}] {f.module or '<root>'}: {f.message}")
+            if where:
+                lines.append(f"      at {where}")
+            if f.fix:
+                lines.append(f"      fix: {f.fix}")
+        lines.append("")
+    for note in report.notes:
+        lines.append(f"note: {note}")
+    s = report.summary
+    lines.append(f"{s.sites} sites, {s.errors} error(s), {s.warnings} warning(s), {s.infos} info")
+    return "\n".join(lines).rstrip() + "\n"
