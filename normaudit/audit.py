@@ -18,11 +18,12 @@ from normaudit.engine.evaluator import evaluate
 from normaudit.engine.loader import load_rules
 from normaudit.engine.schema import Rule
 from normaudit.errors import UsageError
-from normaudit.facts import Facts, collect_facts
+from normaudit.facts import FactContext, Facts, collect_facts
 from normaudit.facts.axes import parse_input_axes
 from normaudit.report import (SEVERITY_RANK, CaptureInfo, Finding, Report, SourceLocation, Summary,
                               TargetInfo)
 from normaudit.target.config import load_config, model_config
+from normaudit.target import ModelUnderAudit, load_model
 from normaudit.target.inputs import infer_inputs
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -41,19 +42,7 @@ class AuditOptions:
     select: list[str] = field(default_factory=list)
     ignore: list[str] = field(default_factory=list)
     input_axes: Optional[str] = None
-
-
-@dataclass
-class ModelUnderAudit:
-    """A model ready to capture, from whatever target kind produced it."""
-
-    model: nn.Module
-    inputs: Any
-    on_meta: bool
-    kind: str
-    factory: Optional[str] = None
-    origins: dict = field(default_factory=dict)
-    inputs_assumed: Optional[str] = None
+    probes: list[str] = field(default_factory=list)
 
 
 def _selected(rule: Rule, select: list[str], ignore: list[str]) -> bool:
@@ -63,20 +52,6 @@ def _selected(rule: Rule, select: list[str], ignore: list[str]) -> bool:
     if select and not match(select):
         return False
     return not match(ignore)
-
-
-def load_model(opts: AuditOptions) -> ModelUnderAudit:
-    """Build the model named by ``opts.target``. Raises UsageError for bad targets."""
-    from normaudit.target.pyfile import load_python_target, split_target
-
-    path, _ = split_target(opts.target)
-    if path.suffix == ".py" or (path.is_file() and path.suffix == ""):
-        loaded = load_python_target(opts.target)
-        return ModelUnderAudit(model=loaded.model, inputs=loaded.inputs, on_meta=loaded.on_meta, kind="python",
-                               factory=loaded.factory, origins=loaded.origins)
-    if not path.exists():
-        raise UsageError("no such file or directory", file=str(path))
-    raise UsageError("unsupported target: give a model .py file (model.py or model.py:factory)", file=str(path))
 
 
 def build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule]) -> Report:
@@ -97,16 +72,21 @@ def build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule
     if opts.config:
         config, config_source = load_config(opts.config), Path(opts.config).name
     declared = parse_input_axes(opts.input_axes) if opts.input_axes else None
-    cap = capture_model(mua.model, inputs, mua.on_meta, dtype)
-    facts: Facts = collect_facts(cap, mua.origins, declared)
-    sites = [r.site for r in facts.records]
     batch = opts.batch_size
     if batch is None:
         first = next(iter(inputs.values())) if isinstance(inputs, dict) else (inputs[0] if inputs else None)
         if isinstance(first, torch.Tensor) and first.dim() > 0:
             batch = int(first.shape[0])
+    # Capture turns a meta model into fake tensors in place; probes that run real numbers get an untouched
+    # meta copy (free) or the user's real model (capture works on its own copy of a real model).
+    probe_model = copy.deepcopy(mua.model) if mua.on_meta else mua.model
+    cap = capture_model(mua.model, inputs, mua.on_meta, dtype)
     options = {"dtype": opts.dtype, "batch_size": batch, "checkpoint": bool(opts.checkpoint),
-               "capture_method": cap.method, "train_error": cap.train_error}
+               "capture_method": cap.method, "train_error": cap.train_error, "probes": list(opts.probes)}
+    ctx = FactContext(cap=cap, origins=mua.origins, input_axes=declared, options=options,
+                      probe_model=probe_model, inputs=inputs, config=config, config_source=config_source)
+    facts: Facts = collect_facts(ctx)
+    sites = [r.site for r in facts.records]
     active = [r for r in rules.values() if _selected(r, opts.select, opts.ignore)]
     findings = evaluate(active, sites, facts.model, config, config_source, options)
     findings.sort(key=lambda f: (-SEVERITY_RANK[f.severity], f.module, f.rule_id))
@@ -149,7 +129,7 @@ def run_audit(opts: AuditOptions, rules: Optional[dict[str, Rule]] = None) -> Re
     if opts.dtype not in DTYPES:
         raise UsageError(f"unknown dtype {opts.dtype!r}; use float32, float16 or bfloat16")
     rules = rules if rules is not None else load_rules(opts.rules_dirs)
-    mua = load_model(opts)
+    mua = load_model(opts.target)
     return build_report(opts, mua, rules)
 
 

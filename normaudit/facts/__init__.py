@@ -18,6 +18,26 @@ from normaudit.report import ModelFacts, SourceLocation
 
 
 @dataclass
+class FactContext:
+    """What the fact passes may read besides the graph.
+
+    ``probe_model`` is an untouched copy of the model (on the meta device for large models, real for
+    small ones built for real) for passes that run real numbers on small materialised modules;
+    ``inputs`` are the real example inputs; ``options`` holds ``dtype``, ``batch_size``, ``probes``
+    (opt-in dynamic probes named on the command line); ``config`` the configuration mapping.
+    """
+
+    cap: Capture
+    origins: dict = field(default_factory=dict)
+    input_axes: Optional[list[tuple[str, ...]]] = None
+    options: dict[str, Any] = field(default_factory=dict)
+    probe_model: Any = None
+    inputs: Any = None
+    config: dict[str, Any] = field(default_factory=dict)
+    config_source: Optional[str] = None
+
+
+@dataclass
 class Facts:
     """Everything the rules see: site records (with their pydantic ``Site``) and model-level facts."""
 
@@ -26,9 +46,9 @@ class Facts:
     notes: list[str] = field(default_factory=list)
 
 
-def collect_facts(cap: Capture, origins: Optional[dict[int, SourceLocation]] = None,
-                  input_axes: Optional[list[tuple[str, ...]]] = None) -> Facts:
+def collect_facts(ctx: FactContext) -> Facts:
     """Run the fact passes in order over a capture (or walk modules when the capture failed)."""
+    cap, origins, input_axes = ctx.cap, ctx.origins, ctx.input_axes
     model = ModelFacts(class_name=type(cap.root).__name__,
                        num_parameters=sum(p.numel() for p in cap.root.parameters()))
     if cap.gm is None:
