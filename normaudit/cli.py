@@ -45,6 +45,9 @@ def audit_parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore", type=_ids, default=[], help="comma-separated rule ids, id prefixes or categories")
     p.add_argument("--rules", action="append", default=[], metavar="DIR", help="a directory of extra rule files")
     p.add_argument("--input-axes", help="axes of the first input, e.g. B,C,H,W or batch,sequence")
+    p.add_argument("--probe", action="append", default=[], choices=["batch"],
+                   help="opt-in dynamic probe on a small real copy of the model: 'batch' checks that each "
+                        "norm's output for one example does not depend on the other examples")
     p.add_argument("--version", action="version", version=f"normaudit {__version__}")
     return p
 
@@ -116,7 +119,7 @@ def _cmd_audit(argv: Sequence[str]) -> int:
         raise UsageError("more -o files than --format options: give one --format per -o")
     opts = AuditOptions(target=args.target, config=args.config, checkpoint=args.checkpoint, dtype=args.dtype,
                         batch_size=args.batch_size, rules_dirs=args.rules, select=args.select,
-                        ignore=args.ignore, input_axes=args.input_axes)
+                        ignore=args.ignore, input_axes=args.input_axes, probes=args.probe)
     rules = load_rules(opts.rules_dirs)
     # User code may print; keep stdout for the report alone.
     with contextlib.redirect_stdout(sys.stderr):
