@@ -1,0 +1,389 @@
+"""Markdown output (``--format markdown``) for a pull-request comment.
+
+Layout: a title naming the target; a summary (findings by severity, sites by kind, model placement,
+capture method); the findings table (severity, rule, module, message, location); the rules that
+fired, collapsed; the site inventory, collapsed in ``<details>``; and a Mermaid flowchart with one
+block of each kind from ``report.model.blocks`` showing the residual stream and where each norm sits.
+
+Blocks are grouped by class name and the roles of their norms by relative name (``layers.0`` and
+``layers.1`` of a Llama share ``input_layernorm: pre, post_attention_layernorm: pre``); each group is
+drawn once, titled ``<class> x N``. Within a block, norms are read in the order ``Block.norms`` lists
+them (execution order) and assigned to residual branches:
+
+- ``pre`` opens a new branch and sits between the stream and the sublayer;
+- ``sandwich`` sits on the branch output, before the add, when the open branch has an input norm and
+  no output norm yet (otherwise it opens a branch as its input norm);
+- ``post`` sits on the stream after the branch's add;
+- ``qk`` is attached to the open branch's sublayer (attention);
+- other roles (``none``, ``unknown``, ``final``, ``embedding``) are listed beside the stream.
+
+Two branches are labelled ``attn`` and ``mlp``, three ``attn``, ``cross_attn``, ``mlp``. With
+``model.parallel_residual`` and only ``pre`` norms, the branches read the same stream and share one
+add. Without blocks (or blocks without norms) the diagram is omitted.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional
+
+from normaudit.engine.schema import Rule
+from normaudit.render.sarif import first_sentence, source_path
+from normaudit.report import SEVERITY_RANK, Block, Finding, Report, Site, SourceLocation
+
+MAX_FINDING_ROWS = 200
+MAX_SITE_ROWS = 400
+
+_SEVERITY_LABEL = {"error": "error", "warning": "warning", "info": "info"}
+_SEVERITY_ICON = {"error": "\U0001F534", "warning": "\U0001F7E0", "info": "\U0001F535"}
+
+
+# ---------------------------------------------------------------------------------------------- text
+
+
+def escape_cell(text: str) -> str:
+    """Make ``text`` safe inside a Markdown table cell: ``|`` -> ``\\|``, line breaks -> ``<br>``."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text.replace("|", "\\|").replace("\n", "<br>")
+
+
+def code(text: str) -> str:
+    """Wrap ``text`` in a code span that survives backticks in it and table pipes."""
+    text = text.replace("|", "\\|").replace("\n", " ")
+    fence = "`"
+    while fence in text:
+        fence += "`"
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _plural(count: int, word: str, plural: Optional[str] = None) -> str:
+    return f"{count} {word if count == 1 else (plural or word + 's')}"
+
+
+def _location(source: Optional[SourceLocation]) -> str:
+    if source is None or not source.file:
+        return "—"
+    path, _ = source_path(source.file)
+    return code(f"{path}:{source.line}" if source.line else path)
+
+
+def _module(module: str) -> str:
+    return code(module) if module else "(root)"
+
+
+def _target(report: Report) -> str:
+    target = report.target
+    path, _ = source_path(target.path)
+    return f"{path}:{target.factory}" if target.factory else path
+
+
+# ------------------------------------------------------------------------------------------- summary
+
+
+def _summary(report: Report) -> list[str]:
+    s = report.summary
+    by_kind = dict(s.by_kind) or dict(Counter(site.kind for site in report.sites))
+    kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(by_kind.items(), key=lambda kv: (-kv[1], kv[0])))
+    findings = (f"**{_plural(s.errors, 'error')}**, **{_plural(s.warnings, 'warning')}**, "
+                f"**{s.infos} info**")
+    lines = [
+        f"- **Findings:** {findings}",
+        f"- **Sites:** {s.sites}" + (f" ({kinds})" if kinds else ""),
+    ]
+    model = report.model
+    facts = [f"placement `{model.placement}`"]
+    if model.parallel_residual:
+        facts.append("parallel residual")
+    if model.has_final_norm is not None:
+        facts.append("final norm" if model.has_final_norm else "no final norm")
+    if model.num_parameters:
+        facts.append(f"{model.num_parameters:,} parameters")
+    lines.append(f"- **Model:** {code(model.class_name)}, " + ", ".join(facts))
+
+    capture = report.capture
+    text = f"- **Capture:** `{capture.method}` ({'complete' if capture.complete else 'incomplete'}"
+    failed = [a for a in capture.attempts if not a.ok]
+    if failed:
+        text += "; after " + ", ".join(
+            f"`{a.method}` failed" + (f": {escape_cell(a.error)}" if a.error else "") for a in failed)
+    text += ")"
+    if capture.inputs_assumed:
+        text += f"; inputs assumed: {escape_cell(capture.inputs_assumed)}"
+    lines.append(text)
+
+    target = report.target
+    extra = [f"dtype `{target.dtype}`"]
+    if target.config:
+        extra.append(f"config {code(source_path(target.config)[0])}")
+    if target.checkpoint:
+        extra.append(f"checkpoint {code(source_path(target.checkpoint)[0])}")
+    if target.batch_size:
+        extra.append(f"batch size {target.batch_size}")
+    lines.append("- **Run:** " + ", ".join(extra))
+    return lines
+
+
+# ------------------------------------------------------------------------------------------ findings
+
+
+def _findings_table(findings: list[Finding]) -> list[str]:
+    ordered = sorted(findings, key=lambda f: (-SEVERITY_RANK[f.severity], f.rule_id, f.module))
+    lines = ["| Severity | Rule | Module | Message | Location |", "|---|---|---|---|---|"]
+    for f in ordered[:MAX_FINDING_ROWS]:
+        message = escape_cell(f.message)
+        if f.fix:
+            message += "<br>**Fix:** " + escape_cell(f.fix)
+        lines.append(
+            f"| {_SEVERITY_ICON[f.severity]} {_SEVERITY_LABEL[f.severity]} | `{f.rule_id}` {f.rule_name} "
+            f"| {_module(f.module)} | {message} | {_location(f.source)} |")
+    if len(ordered) > MAX_FINDING_ROWS:
+        lines.append("")
+        lines.append(f"…and {len(ordered) - MAX_FINDING_ROWS} more findings (see `--format json`).")
+    return lines
+
+
+def _rules_section(findings: list[Finding], rules: dict[str, Rule]) -> list[str]:
+    hit = sorted({f.rule_id for f in findings if f.rule_id in rules})
+    if not hit:
+        return []
+    lines = ["<details><summary>Rules that fired</summary>", ""]
+    for rule_id in hit:
+        rule = rules[rule_id]
+        lines.append(f"- **`{rule.id}` {rule.name}** ({rule.category}): "
+                     f"{escape_cell(first_sentence(rule.doc.what))} {escape_cell(first_sentence(rule.doc.why))}")
+    lines += ["", "</details>"]
+    return lines
+
+
+# --------------------------------------------------------------------------------------------- sites
+
+
+def _eps(site: Site) -> str:
+    return "—" if site.eps is None else f"{site.eps:g}"
+
+
+def _sites_section(sites: list[Site]) -> list[str]:
+    lines = [f"<details><summary>Site inventory ({_plural(len(sites), 'site')})</summary>", ""]
+    if not sites:
+        return lines + ["No normalisation site found.", "", "</details>"]
+    lines += ["| Module | Kind | Class | eps | Normalized axes | Placement | Source |",
+              "|---|---|---|---|---|---|---|"]
+    for site in sites[:MAX_SITE_ROWS]:
+        module = _module(site.module)
+        if site.call_index:
+            module += f" (call {site.call_index + 1})"
+        axes = ", ".join(site.normalized_axes) or "—"
+        lines.append(f"| {module} | {site.kind} | {code(site.class_name)} | {_eps(site)} | {axes} "
+                     f"| {site.placement} | {_location(site.source or site.definition)} |")
+    if len(sites) > MAX_SITE_ROWS:
+        lines += ["", f"…and {len(sites) - MAX_SITE_ROWS} more sites (see `--format json`)."]
+    return lines + ["", "</details>"]
+
+
+# ------------------------------------------------------------------------------------------- diagram
+
+
+@dataclass
+class _Branch:
+    pre: list[str] = field(default_factory=list)
+    qk: list[str] = field(default_factory=list)
+    inner: list[str] = field(default_factory=list)
+    post: list[str] = field(default_factory=list)
+
+
+def _relative(block_path: str, module: str) -> str:
+    if block_path and module.startswith(block_path + "."):
+        return module[len(block_path) + 1:]
+    return module or "(root)"
+
+
+def block_signature(block: Block) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The grouping key of a block: its class name and its norms' roles by relative name, in order."""
+    return block.class_name, tuple((_relative(block.path, m), p) for m, p in block.norms.items())
+
+
+def group_blocks(blocks: list[Block]) -> list[list[Block]]:
+    """Group blocks with the same :func:`block_signature`, in order of first appearance."""
+    groups: dict[tuple, list[Block]] = {}
+    for block in blocks:
+        groups.setdefault(block_signature(block), []).append(block)
+    return list(groups.values())
+
+
+def _branches(norms: list[tuple[str, str]]) -> tuple[list[_Branch], list[tuple[str, str]]]:
+    branches: list[_Branch] = []
+    others: list[tuple[str, str]] = []
+
+    def open_branch() -> _Branch:
+        branches.append(_Branch())
+        return branches[-1]
+
+    for name, placement in norms:
+        cur = branches[-1] if branches else None
+        if placement == "pre":
+            open_branch().pre.append(name)
+        elif placement == "sandwich":
+            if cur is not None and cur.pre and not cur.inner and not cur.post:
+                cur.inner.append(name)
+            else:
+                open_branch().pre.append(name)
+        elif placement == "post":
+            if cur is None or cur.post:
+                cur = open_branch()
+            cur.post.append(name)
+        elif placement == "qk":
+            (cur if cur is not None and not cur.post else open_branch()).qk.append(name)
+        else:
+            others.append((name, placement))
+    return branches, others
+
+
+def _sublayer_names(branches: list[_Branch]) -> list[str]:
+    n = len(branches)
+    if n == 1:
+        return ["attn" if branches[0].qk else "sublayer"]
+    if n == 2:
+        return ["attn", "mlp"]
+    if n == 3:
+        return ["attn", "cross_attn", "mlp"]
+    return [f"sublayer{i + 1}" for i in range(n)]
+
+
+def _label(text: str) -> str:
+    return '"' + text.replace('"', "#quot;") + '"'
+
+
+def _block_diagram(index: int, group: list[Block], kinds: dict[str, str], parallel: bool) -> list[str]:
+    """Mermaid lines (a ``subgraph``) for one group of identical blocks."""
+    first = group[0]
+    prefix = f"k{index}_"
+    norms = [(_relative(first.path, m), p) for m, p in first.norms.items()]
+    kind_of = {_relative(first.path, m): kinds.get(m) for m in first.norms}
+    branches, others = _branches(norms)
+    names = _sublayer_names(branches)
+
+    title = first.class_name
+    if len(group) > 1:
+        title += f" x {len(group)} ({group[0].path} … {group[-1].path})"
+    elif first.path:
+        title += f" ({first.path})"
+    lines = [f"  subgraph {prefix}block[{_label(title)}]", "    direction TB"]
+
+    nodes: dict[str, str] = {}
+    norm_ids: list[str] = []
+
+    def node(key: str, shape: str, text: str, norm: bool = False) -> str:
+        ident = prefix + key
+        if ident not in nodes:
+            open_, close = {"box": ("[", "]"), "circle": ("((", "))"), "stadium": ("([", "])"),
+                            "round": ("(", ")")}[shape]
+            nodes[ident] = f"    {ident}{open_}{_label(text)}{close}"
+            if norm:
+                norm_ids.append(ident)
+        return ident
+
+    order = {name: i for i, (name, _) in enumerate(norms)}
+    placement_of = dict(norms)
+
+    def norm_node(name: str) -> str:
+        kind, placement = kind_of.get(name), placement_of[name]
+        text = f"{name}<br/>{kind}, {placement}" if kind else f"{name}<br/>{placement}"
+        return node(f"n{order[name]}", "box", text, norm=True)
+
+    edges: list[str] = []
+    stream = node("x", "stadium", "x")
+    only_pre = all(not b.inner and not b.post for b in branches)
+    if parallel and branches and only_pre and len(branches) <= 2:
+        add = node("add1", "circle", "+")
+        if len(branches) == 1:
+            b = branches[0]
+            head = [norm_node(n) for n in b.pre]
+            attn = node("attn", "round", "attn")
+            mlp = node("mlp", "round", "mlp")
+            edges.append(" --> ".join([stream, *head, attn, add]))
+            edges.append(" --> ".join([head[-1] if head else stream, mlp, add]))
+            for q in b.qk:
+                edges.append(f"{norm_node(q)} -.-> {attn}")
+        else:
+            for b, name in zip(branches, ("attn", "mlp")):
+                sub = node(name, "round", name)
+                edges.append(" --> ".join([stream, *[norm_node(n) for n in b.pre], sub, add]))
+                for q in b.qk:
+                    edges.append(f"{norm_node(q)} -.-> {sub}")
+        edges.append(f"{stream} --> {add}")
+        stream = add
+    else:
+        for i, (b, name) in enumerate(zip(branches, names), start=1):
+            sub = node(name, "round", name)
+            add = node(f"add{i}", "circle", "+")
+            pre = [norm_node(n) for n in b.pre]
+            inner = [norm_node(n) for n in b.inner]
+            edges.append(" --> ".join([stream, *pre, sub, *inner, add]))
+            edges.append(f"{stream} --> {add}")
+            for q in b.qk:
+                edges.append(f"{norm_node(q)} -.-> {sub}")
+            stream = add
+            if b.post:
+                post = [norm_node(n) for n in b.post]
+                edges.append(" --> ".join([stream, *post]))
+                stream = post[-1]
+    out = node("out", "stadium", "out")
+    edges.append(f"{stream} --> {out}")
+    for name, _ in others:
+        norm_node(name)
+
+    lines += list(nodes.values())
+    lines += [f"    {edge}" for edge in edges]
+    lines.append("  end")
+    if norm_ids:
+        lines.append(f"  class {','.join(norm_ids)} norm")
+    return lines
+
+
+def mermaid(report: Report) -> Optional[str]:
+    """The Mermaid flowchart (without the code fence) of one block per kind.
+
+    Returns None when ``report.model.blocks`` holds no block with a norm (the diagram is omitted).
+    """
+    groups = [group for group in group_blocks(report.model.blocks) if group[0].norms]
+    if not groups:
+        return None
+    kinds: dict[str, str] = {}
+    for site in report.sites:
+        kinds.setdefault(site.module, site.kind)
+    lines = ["flowchart TB", "  classDef norm fill:#fff3bf,stroke:#e67700,color:#000"]
+    for index, group in enumerate(groups):
+        lines += _block_diagram(index, group, kinds, report.model.parallel_residual)
+    return "\n".join(lines)
+
+
+# -------------------------------------------------------------------------------------------- render
+
+
+def render(report: Report, rules: dict[str, Rule]) -> str:
+    """Render ``report`` as Markdown for a pull-request comment.
+
+    ``rules`` maps rule id -> :class:`Rule`; the rules that fired are summarised from their docs.
+    The output ends in a newline.
+    """
+    out = [f"## normaudit: {code(_target(report))}", ""]
+    out += _summary(report)
+    if report.notes:
+        out.append("")
+        out += [f"> {escape_cell(note)}" + ("  " if i < len(report.notes) - 1 else "")
+                for i, note in enumerate(report.notes)]
+    out += ["", "### Findings", ""]
+    if report.findings:
+        out += _findings_table(report.findings)
+        section = _rules_section(report.findings, rules)
+        if section:
+            out += [""] + section
+    else:
+        out.append("No findings.")
+    out += ["", "### Normalisation sites", ""]
+    out += _sites_section(report.sites)
+    diagram = mermaid(report)
+    if diagram is not None:
+        out += ["", "### Block structure", "", "```mermaid", diagram, "```"]
+    return "\n".join(out) + "\n"
