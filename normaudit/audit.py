@@ -66,11 +66,11 @@ def build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule
             raise UsageError(str(err), file=opts.target) from err
     own_config = model_config(mua.model)
     config: dict[str, Any] = {}
-    config_source = None
+    config_source = config_origin = None
     if own_config:
-        config, config_source = dict(own_config), "the model's own config"
+        config, config_source, config_origin = dict(own_config), "the model's own config", "model"
     if opts.config:
-        config, config_source = load_config(opts.config), Path(opts.config).name
+        config, config_source, config_origin = load_config(opts.config), Path(opts.config).name, "cli"
     declared = parse_input_axes(opts.input_axes) if opts.input_axes else None
     batch = opts.batch_size
     if batch is None:
@@ -82,7 +82,8 @@ def build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule
     probe_model = copy.deepcopy(mua.model) if mua.on_meta else mua.model
     cap = capture_model(mua.model, inputs, mua.on_meta, dtype)
     options = {"dtype": opts.dtype, "batch_size": batch, "checkpoint": bool(opts.checkpoint),
-               "capture_method": cap.method, "train_error": cap.train_error, "probes": list(opts.probes)}
+               "capture_method": cap.method, "train_error": cap.train_error, "probes": list(opts.probes),
+               "config_origin": config_origin}
     ctx = FactContext(cap=cap, origins=mua.origins, input_axes=declared, options=options,
                       probe_model=probe_model, inputs=inputs, config=config, config_source=config_source)
     facts: Facts = collect_facts(ctx)

@@ -1,7 +1,17 @@
 """Errors that become exit statuses (CONTRACT.md): ``UsageError`` -> exit 2, anything else -> exit 3."""
 from __future__ import annotations
 
+import os
 from typing import Optional
+
+
+def _display_path(path: str) -> str:
+    """``path`` relative to the current directory when it lies under it, else as given."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
 
 
 class UsageError(Exception):
@@ -20,5 +30,6 @@ class UsageError(Exception):
     def __str__(self) -> str:
         where = ""
         if self.file:
-            where = f"{self.file}:{self.line}: " if self.line else f"{self.file}: "
+            shown = _display_path(self.file)
+            where = f"{shown}:{self.line}: " if self.line else f"{shown}: "
         return where + " ".join(self.message.split())

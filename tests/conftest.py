@@ -1,0 +1,56 @@
+"""Shared test helpers: audit a model file or an in-memory model and get the pydantic Report."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from normaudit.audit import AuditOptions, build_report, run_audit
+from normaudit.engine.loader import load_rules
+from normaudit.target import ModelUnderAudit
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = ROOT.parent / "shared" / "cases"
+
+
+@pytest.fixture(scope="session")
+def rules():
+    return load_rules()
+
+
+def audit_file(path: Path | str, rules=None, **kwargs: Any):
+    """Audit a model file in-process (paths in kwargs are taken as given)."""
+    return run_audit(AuditOptions(target=str(path), **kwargs), rules)
+
+
+def audit_model(model, inputs=None, rules=None, on_meta: bool = False, **kwargs: Any):
+    """Audit an in-memory model."""
+    opts = AuditOptions(target=type(model).__name__, **kwargs)
+    return build_report(opts, ModelUnderAudit(model=model, inputs=inputs, on_meta=on_meta, kind="python"),
+                        rules if rules is not None else load_rules())
+
+
+def site(report, module: str, call_index: int = 0):
+    """The site of ``module`` (KeyError naming the modules found when absent)."""
+    for s in report.sites:
+        if s.module == module and s.call_index == call_index:
+            return s
+    raise KeyError(f"no site {module!r}; sites: {[s.module for s in report.sites]}")
+
+
+def flagged(report, rule_id: Optional[str] = None, category: Optional[str] = None, min_severity: str = "info"):
+    """Module paths with a finding of ``rule_id``/``category`` at or above ``min_severity``."""
+    rank = {"info": 0, "warning": 1, "error": 2}
+    return sorted({f.module for f in report.findings
+                   if (rule_id is None or f.rule_id == rule_id) and (category is None or f.category == category)
+                   and rank[f.severity] >= rank[min_severity]})
+
+
+def loud(report):
+    """Findings at warning or error."""
+    return [(f.rule_id, f.module, f.message) for f in report.findings if f.severity in ("warning", "error")]
+
+
+requires_cases = pytest.mark.skipif(not CASES.is_dir(), reason="shared/cases not found beside the checkout")
