@@ -22,6 +22,7 @@ from normaudit.facts import FactContext, Facts, collect_facts
 from normaudit.facts.axes import parse_input_axes
 from normaudit.report import (SEVERITY_RANK, CaptureInfo, Finding, Report, SourceLocation, Summary,
                               TargetInfo)
+from normaudit.suppress import filter_findings
 from normaudit.target.config import load_config, model_config
 from normaudit.target import ModelUnderAudit, load_model
 from normaudit.target.inputs import infer_inputs
@@ -43,6 +44,10 @@ class AuditOptions:
     ignore: list[str] = field(default_factory=list)
     input_axes: Optional[str] = None
     probes: list[str] = field(default_factory=list)
+    #: ``{module glob: [rule ids, prefixes, names or categories]}`` dropped after evaluation (normaudit.suppress).
+    per_module_ignores: dict[str, list[str]] = field(default_factory=dict)
+    #: A configuration mapping given in memory (``normaudit.testing``); wins over ``config``.
+    config_data: Optional[dict[str, Any]] = None
 
 
 def _selected(rule: Rule, select: list[str], ignore: list[str]) -> bool:
@@ -68,9 +73,15 @@ def build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule
     config: dict[str, Any] = {}
     config_source = config_origin = None
     if own_config:
-        config, config_source, config_origin = dict(own_config), "the model's own config", "model"
+        # A config owned by a library (transformers' PretrainedConfig) comes with code that may keep another
+        # eps on purpose; a plain dict/dataclass on a user's model is the user's own statement of intent.
+        library = type(getattr(mua.model, "config", None)).__module__.split(".")[0] == "transformers"
+        config, config_source = dict(own_config), "the model's own config"
+        config_origin = "library" if library else "model"
     if opts.config:
         config, config_source, config_origin = load_config(opts.config), Path(opts.config).name, "cli"
+    if opts.config_data is not None:
+        config, config_source, config_origin = dict(opts.config_data), "the given config", "cli"
     declared = parse_input_axes(opts.input_axes) if opts.input_axes else None
     batch = opts.batch_size
     if batch is None:
@@ -90,12 +101,16 @@ def build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule
     sites = [r.site for r in facts.records]
     active = [r for r in rules.values() if _selected(r, opts.select, opts.ignore)]
     findings = evaluate(active, sites, facts.model, config, config_source, options)
+    kept = filter_findings(findings, sites=sites, model=facts.model, rules=rules, active=active,
+                           per_module_ignores=opts.per_module_ignores, config=config, config_source=config_source,
+                           options=options, target_file=mua.file)
+    findings = kept.findings
     findings.sort(key=lambda f: (-SEVERITY_RANK[f.severity], f.module, f.rule_id))
     facts.model.config_source = config_source
     info = CaptureInfo(method=cap.method, complete=cap.complete, attempts=cap.attempts,
                        num_nodes=len(cap.gm.graph.nodes) if cap.gm is not None else 0,
                        inputs=_describe_inputs(inputs), inputs_assumed=assumed, fake_tensors=True)
-    notes = list(facts.notes)
+    notes = list(facts.notes) + list(mua.notes) + kept.notes()
     if not cap.complete:
         notes.append("capture failed: sites come from walking named_modules(); placement, axes and formula facts "
                      "are unknown (report incomplete)")

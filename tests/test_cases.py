@@ -55,7 +55,7 @@ def test_n12_rms_eps_differs_from_config(rules):
     assert all(s.kind == "RMSNorm" and s.eps == 1e-6 for s in r.sites)
     assert flagged(r, "NE101", min_severity="error") == sorted(modules)
     f = next(f for f in r.findings if f.module == "norm" and f.rule_id == "NE101")
-    assert f.message == "norm: eps=1e-06, but rms_norm_eps=1e-05 in config.json"
+    assert f.message == "eps=1e-06, but rms_norm_eps=1e-05 in config.json"
 
 
 def test_n14_layernorm_eps_ignored(rules):

@@ -8,7 +8,7 @@ Names a rule expression can read:
   ``config_source``: where it came from;
 - ``options``: ``dtype``, ``batch_size`` (the micro-batch), ``checkpoint`` (bool);
 - ``params``: the rule's own ``params``; names defined in the rule's ``let`` (evaluated in order);
-- functions: ``isclose``, ``first_key``, ``lookup``, ``fp_rounds_to_zero``, ``finfo_eps``, ``any``, ``all``,
+- functions: ``isclose``, ``first_key``, ``lookup``, ``join``, ``fp_rounds_to_zero``, ``finfo_eps``, ``any``, ``all``,
   ``len``, ``min``, ``max``, ``abs``, ``sorted``, ``set``, ``str``, ``float``, ``int``.
 """
 from __future__ import annotations
@@ -64,6 +64,7 @@ FUNCTIONS = {
     "first_key": first_key, "lookup": lookup, "fp_rounds_to_zero": fp_rounds_to_zero, "finfo_eps": finfo_eps,
     "any": any, "all": all, "len": len, "min": min, "max": max, "abs": abs, "sorted": sorted, "set": set,
     "str": str, "float": float, "int": int, "bool": bool, "list": list,
+    "join": lambda items, sep=", ": sep.join(str(i) for i in (items or [])),
 }
 
 
