@@ -1,0 +1,700 @@
+"""Checkpoint readers and checkpoint-only inspection of normalisation parameters.
+
+``open_checkpoint`` opens ``.safetensors`` files (lazily, through ``safetensors.safe_open``), sharded
+checkpoints (``*.index.json`` with a ``weight_map``), model directories (``config.json`` + weights) and
+``.pt/.pth/.bin/.ckpt`` files (``torch.load(..., weights_only=True)`` only: normaudit never unpickles
+arbitrary objects). ``inspect_norm_params`` finds the norm parameters of a checkpoint by name and shape
+and summarises them as ``normaudit.report.WeightStats``, reading only the small 1-D tensors.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pickle
+import re
+import struct
+import warnings
+import zipfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from safetensors import SafetensorError, safe_open
+
+from normaudit.errors import UsageError
+from normaudit.report import Kind, Site, WeightStats
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointNormGroup",
+    "open_checkpoint",
+    "inspect_norm_params",
+    "group_weight_stats",
+]
+
+TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+# Directory layouts, in order of preference (Hugging Face names first).
+_DIR_WEIGHTS = ("model.safetensors.index.json", "model.safetensors",
+                "pytorch_model.bin.index.json", "pytorch_model.bin")
+# torch containers holding the state_dict (outermost first), and entries holding an embedded config.
+_CONTAINER_KEYS = ("state_dict", "model_state_dict", "model", "module")
+_CONFIG_KEYS = ("config", "model_args", "args", "hparams", "hyper_parameters")
+_ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+              "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "U16": "uint16", "U32": "uint32",
+              "U64": "uint64", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+              "F8_E8M0": "float8_e8m0fnu", "C64": "complex64", "F4": "float4_e2m1fn_x2"}
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ----------------------------------------------------------------------------------------------- readers
+class _SafetensorsReader:
+    """One ``.safetensors`` file: header validated on open, tensors read one at a time on ``get``."""
+
+    format = "safetensors"
+
+    def __init__(self, path: Path):
+        self.path = path
+        # Unbuffered, read-ahead disabled: the header read below fetches exactly 8 + N bytes. The handle
+        # stays open for posix_fadvise hints (see prefetch).
+        try:
+            self._fh = open(path, "rb", buffering=0)
+        except OSError as e:
+            raise UsageError(f"cannot open: {e.strerror or e}", file=str(path)) from None
+        try:
+            self._advise(0, 0, "POSIX_FADV_RANDOM")
+            self._check_header(path)
+            self._advise(0, self._data_start, "POSIX_FADV_WILLNEED")
+            self._f = safe_open(str(path), framework="pt")
+        except (SafetensorError, OSError) as e:
+            self._fh.close()
+            raise UsageError(f"unreadable safetensors file: {_one_line(e)}", file=str(path)) from None
+        except BaseException:
+            self._fh.close()
+            raise
+        self.bytes_read = self._data_start
+
+    def _advise(self, offset: int, length: int, advice: str) -> None:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self._fh.fileno(), offset, length, getattr(os, advice))
+
+    def _check_header(self, path: Path) -> None:
+        size = os.fstat(self._fh.fileno()).st_size
+        head = self._fh.read(8)
+        if len(head) < 8:
+            raise UsageError(f"truncated safetensors file: {size} bytes, shorter than the 8-byte "
+                             "header length field", file=str(path))
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            raise UsageError(f"corrupted or truncated safetensors file: the header length field says {n} "
+                             f"bytes but only {size - 8} bytes follow it", file=str(path))
+        try:
+            header = json.loads(self._fh.read(n))
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+            raise UsageError(f"corrupted safetensors header: not valid JSON ({_one_line(e)})",
+                             file=str(path)) from None
+        if not isinstance(header, dict):
+            raise UsageError("corrupted safetensors header: not a JSON object", file=str(path))
+        header.pop("__metadata__", None)
+        self._offsets: dict[str, tuple[int, int]] = {}
+        for key, entry in header.items():
+            try:
+                start, end = entry["data_offsets"]
+                entry["dtype"], entry["shape"]  # noqa: B018 - presence check
+                assert isinstance(start, int) and isinstance(end, int) and 0 <= start <= end
+            except (TypeError, KeyError, ValueError, AssertionError):
+                raise UsageError(f"corrupted safetensors header: entry {key!r} lacks a valid dtype, shape "
+                                 "or data_offsets", file=str(path)) from None
+            self._offsets[key] = (start, end)
+        data_len = max((end for _, end in self._offsets.values()), default=0)
+        if 8 + n + data_len > size:
+            raise UsageError(f"truncated safetensors file: the header describes {data_len} bytes of tensor "
+                             f"data but only {size - 8 - n} follow it", file=str(path))
+        self._data_start = 8 + n
+
+    def keys(self) -> list[str]:
+        return list(self._f.keys())
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._f.get_slice(key).get_shape())
+
+    def dtype(self, key: str) -> torch.dtype:
+        name = self._f.get_slice(key).get_dtype()
+        return getattr(torch, _ST_DTYPES.get(name, name.lower()))
+
+    def prefetch(self, keys: Iterable[str]) -> None:
+        # safetensors reads through mmap, where each page fault reads ahead read_ahead_kb (often MBs)
+        # around it; asking the kernel for exactly the tensors' ranges first keeps reads to those bytes
+        # and lets them proceed in parallel.
+        for key in keys:
+            start, end = self._offsets.get(key, (0, 0))
+            self._advise(self._data_start + start, end - start, "POSIX_FADV_WILLNEED")
+
+    def get(self, key: str) -> torch.Tensor:
+        self.prefetch([key])
+        try:
+            t = self._f.get_tensor(key)
+        except SafetensorError as e:
+            raise UsageError(f"cannot read tensor {key!r}: {_one_line(e)}", file=str(self.path)) from None
+        start, end = self._offsets[key]
+        self.bytes_read += end - start
+        return t
+
+    def embedded_config(self) -> tuple[Optional[dict], Optional[str]]:
+        meta = {k: v for k, v in (self._f.metadata() or {}).items() if k != "format"}
+        parsed = {k: _parse_json(v) for k, v in meta.items()}
+        for k in (*_CONFIG_KEYS, *meta):
+            if isinstance(parsed.get(k), dict):
+                return parsed[k], f"{self.path}:__metadata__.{k}"
+        return (parsed, f"{self.path}:__metadata__") if parsed else (None, None)
+
+    def close(self) -> None:
+        self._f = None
+        self._fh.close()
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_bytes())
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise UsageError(f"invalid JSON in {what}: {getattr(e, 'msg', e)}", file=str(path),
+                         line=getattr(e, "lineno", None)) from None
+    except OSError as e:
+        raise UsageError(f"cannot read {what}: {e.strerror or e}", file=str(path)) from None
+
+
+def _parse_json(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def _refusal(path: Path, err: Exception) -> UsageError:
+    """Turn torch's weights_only refusal (a long multi-line text) into one line naming the cause."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    reason = next((ln.split("WeightsUnpickler error:", 1)[1].strip() for ln in lines
+                   if "WeightsUnpickler error:" in ln), "")
+    if not reason:
+        reason = next((ln for ln in lines if ln.startswith(("Trying to load", "Unsupported"))), "")
+    reason = (reason or (lines[0] if lines else type(err).__name__)).split(". Please ")[0].rstrip(".")
+    return UsageError(f"refusing to unpickle: {_one_line(reason)}; normaudit never loads checkpoints "
+                      "with weights_only=False", file=str(path))
+
+
+def _torch_load(path: Path) -> tuple[Any, bool]:
+    """``torch.load`` with ``weights_only=True`` (mmap first, then without for old formats); (obj, mmapped).
+
+    ``argparse.Namespace`` is allowlisted (plain attribute bag, common for embedded training args).
+    """
+    with warnings.catch_warnings(), torch.serialization.safe_globals([argparse.Namespace]):
+        warnings.simplefilter("ignore")
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True), True
+        except pickle.UnpicklingError as e:
+            raise _refusal(path, e) from None
+        except Exception:  # mmap needs the zip format; retry without it, still weights_only
+            pass
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True), False
+        except pickle.UnpicklingError as e:
+            raise _refusal(path, e) from None
+        except Exception as e:
+            raise UsageError(f"cannot read torch checkpoint: {_one_line(e)}", file=str(path)) from None
+
+
+def _as_dict(value: Any) -> Optional[dict]:
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, argparse.Namespace):
+        return vars(value).copy()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, str):
+        parsed = _parse_json(value)
+        return parsed if isinstance(parsed, dict) else None
+    return None
+
+
+class _TorchReader:
+    """A ``torch.save``d state_dict, possibly inside containers; tensors memory-mapped where possible."""
+
+    format = "torch"
+
+    def __init__(self, path: Path):
+        self.path = path
+        obj, self.mmapped = _torch_load(path)
+        self._config: Optional[dict] = None
+        self._config_source: Optional[str] = None
+        trail: list[str] = []
+        for _ in range(16):
+            if not isinstance(obj, Mapping):
+                raise UsageError(f"no state_dict found: the checkpoint holds a {type(obj).__name__}"
+                                 + (f" at {'/'.join(trail)}" if trail else ""), file=str(path))
+            if self._config is None:
+                for k in _CONFIG_KEYS:
+                    if k in obj and (cfg := _as_dict(obj[k])) is not None:
+                        self._config, self._config_source = cfg, f"{path}:{'/'.join([*trail, k])}"
+                        break
+            sub = next((k for k in _CONTAINER_KEYS if isinstance(obj.get(k), Mapping)), None)
+            if sub is None:
+                break
+            trail.append(sub)
+            obj = obj[sub]
+        self._sd = {k: v for k, v in obj.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
+        if not self._sd:
+            where = "/".join(trail) or "top level"
+            raise UsageError(f"no tensors found in the checkpoint ({where} keys: "
+                             f"{_one_line(', '.join(map(str, list(obj)[:8])), 120)})", file=str(path))
+        if self.mmapped:
+            try:
+                with zipfile.ZipFile(path) as z:
+                    self.bytes_read = sum(i.file_size for i in z.infolist() if i.filename.endswith(".pkl"))
+            except (OSError, zipfile.BadZipFile):
+                self.bytes_read = 0
+        else:
+            self.bytes_read = path.stat().st_size
+
+    def keys(self) -> list[str]:
+        return list(self._sd)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._sd[key].shape)
+
+    def dtype(self, key: str) -> torch.dtype:
+        return self._sd[key].dtype
+
+    def get(self, key: str) -> torch.Tensor:
+        t = self._sd[key]
+        if self.mmapped:
+            self.bytes_read += t.nbytes
+        return t
+
+    def embedded_config(self) -> tuple[Optional[dict], Optional[str]]:
+        return self._config, self._config_source
+
+    def prefetch(self, keys: Iterable[str]) -> None:
+        pass
+
+    def close(self) -> None:
+        self._sd = {}
+
+
+def _open_file(path: Path):
+    if path.name.endswith(".safetensors"):
+        return _SafetensorsReader(path)
+    return _TorchReader(path)
+
+
+class _ShardedReader:
+    """A ``*.index.json`` (``weight_map``: key -> shard file); shards opened only when first needed."""
+
+    format = "sharded"
+
+    def __init__(self, index: Path):
+        self.path = index
+        data = _read_json(index, "checkpoint index")
+        wmap = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(wmap, dict) or not wmap:
+            raise UsageError("checkpoint index has no 'weight_map' object", file=str(index))
+        self._map = {k: str(v) for k, v in wmap.items()}
+        for shard in sorted(set(self._map.values())):
+            if not (index.parent / shard).is_file():
+                n = sum(1 for v in self._map.values() if v == shard)
+                raise UsageError(f"index names missing shard {shard!r} (holding {n} tensors)", file=str(index))
+            if not shard.endswith((".safetensors", *TORCH_SUFFIXES)):
+                raise UsageError(f"index names shard {shard!r} of unknown format", file=str(index))
+        self._open: dict[str, Any] = {}
+
+    def _shard(self, key: str):
+        name = self._map[key]
+        if name not in self._open:
+            self._open[name] = _open_file(self.path.parent / name)
+        return self._open[name]
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(r.bytes_read for r in self._open.values())
+
+    @property
+    def shards(self) -> list[str]:
+        return sorted(set(self._map.values()))
+
+    def keys(self) -> list[str]:
+        return list(self._map)
+
+    def _call(self, key: str, method: str):
+        try:
+            return getattr(self._shard(key), method)(key)
+        except (KeyError, SafetensorError):
+            raise UsageError(f"index maps {key!r} to shard {self._map[key]!r}, which lacks it",
+                             file=str(self.path)) from None
+
+    def shape(self, key):
+        return self._call(key, "shape")
+
+    def dtype(self, key):
+        return self._call(key, "dtype")
+
+    def get(self, key):
+        return self._call(key, "get")
+
+    def embedded_config(self):
+        return None, None
+
+    def prefetch(self, keys: Iterable[str]) -> None:
+        by_shard: dict[str, list[str]] = {}
+        for key in keys:
+            by_shard.setdefault(self._map[key], []).append(key)
+        for keys_ in by_shard.values():
+            self._shard(keys_[0]).prefetch(keys_)
+
+    def close(self) -> None:
+        for r in self._open.values():
+            r.close()
+        self._open.clear()
+
+
+# ------------------------------------------------------------------------------------------- Checkpoint
+_ORIG_MOD = re.compile(r"(^|\.)_orig_mod\.")
+
+
+def _canonical(key: str) -> str:
+    key = _ORIG_MOD.sub(r"\1", key)
+    while key.startswith(("module.", "model.")):
+        key = key.split(".", 1)[1]
+    return key
+
+
+class Checkpoint:
+    """An opened checkpoint: key listing, shapes and dtypes without reading data; tensors read one by one.
+
+    Keys (``keys()``) are the checkpoint's keys with wrapper prefixes removed: ``_orig_mod.`` components
+    (``torch.compile``) anywhere, a leading ``module.`` (DDP/DeepSpeed), and with ``strip_model_prefix`` a
+    leading ``model.``; a key is left raw when stripping would make it collide with another. ``raw_keys()``
+    gives the keys as stored; every method taking a key accepts either form.
+
+    Attributes: ``path`` (what was opened), ``weights_path`` (the weights file or index actually read),
+    ``format`` (``safetensors``, ``torch``, ``sharded``), ``config`` (a dict, or None) and ``config_source``
+    (``DIR/config.json``, ``FILE:__metadata__[.KEY]`` or ``FILE:ENTRY[/ENTRY]``): a sibling ``config.json``
+    wins over a config embedded in the weights file. Use as a context manager or call ``close()``.
+    """
+
+    def __init__(self, path: Path, weights_path: Path, reader, strip_model_prefix: bool = False):
+        self.path = path
+        self.weights_path = weights_path
+        self._r = reader
+        self.format: str = reader.format
+        raw = reader.keys()
+        strips = ["module."] + (["model."] if strip_model_prefix else [])
+        norm = [_ORIG_MOD.sub(r"\1", k) for k in raw]
+        for p in strips:
+            norm = [k[len(p):] if k.startswith(p) else k for k in norm]
+        if len(set(norm)) != len(norm):  # collisions: keep the colliding keys raw
+            seen: dict[str, int] = {}
+            for k in norm:
+                seen[k] = seen.get(k, 0) + 1
+            norm = [k if seen[k] == 1 else r for k, r in zip(norm, raw)]
+            if len(set(norm)) != len(norm):
+                norm = list(raw)
+        self._to_raw = dict(zip(norm, raw))
+        self._from_raw = dict(zip(raw, norm))
+        self.config, self.config_source = self._find_config()
+
+    def _find_config(self) -> tuple[Optional[dict], Optional[str]]:
+        sibling = (self.path if self.path.is_dir() else self.path.parent) / "config.json"
+        if sibling.is_file():
+            cfg = _read_json(sibling, "config")
+            if isinstance(cfg, dict):
+                return cfg, str(sibling)
+        return self._r.embedded_config()
+
+    # -- listing
+    def keys(self) -> list[str]:
+        """All tensor keys (normalised, see the class doc), in the checkpoint's order."""
+        return list(self._to_raw)
+
+    def raw_keys(self) -> list[str]:
+        """All tensor keys exactly as stored."""
+        return list(self._from_raw)
+
+    def __len__(self) -> int:
+        return len(self._to_raw)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._to_raw or key in self._from_raw
+
+    def raw_key(self, key: str) -> str:
+        """The stored key for ``key`` (normalised or raw); KeyError if absent."""
+        if key in self._to_raw:
+            return self._to_raw[key]
+        if key in self._from_raw:
+            return key
+        raise KeyError(key)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        """The tensor's shape, without reading its data."""
+        return self._r.shape(self.raw_key(key))
+
+    def dtype(self, key: str) -> torch.dtype:
+        """The tensor's stored dtype, without reading its data."""
+        return self._r.dtype(self.raw_key(key))
+
+    def get(self, key: str) -> torch.Tensor:
+        """Read one tensor (CPU, stored dtype); only its bytes are read. UsageError if unreadable."""
+        return self._r.get(self.raw_key(key))
+
+    def prefetch(self, keys: Iterable[str]) -> None:
+        """Hint that these tensors will be read soon (safetensors: ``posix_fadvise(WILLNEED)`` on exactly
+        their byte ranges, so the reads run in parallel and mmap read-ahead does not pull in their
+        neighbours). No data is counted in ``bytes_read`` until ``get``; a no-op for torch files."""
+        self._r.prefetch([self.raw_key(k) for k in keys])
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes read from disk so far. Exact for safetensors (8-byte length + JSON header once, plus the
+        data bytes of each ``get``); for mmapped torch zips the pickle records plus the bytes of each
+        tensor fetched (page granularity ignored); the whole file size for torch files loaded without mmap."""
+        return self._r.bytes_read
+
+    def match_keys(self, model_keys: Iterable[str]) -> dict[str, str]:
+        """Map a model's ``state_dict`` keys onto this checkpoint's keys (the ``keys()`` form).
+
+        Exact matches (normalised or raw) first; then keys equal after removing ``module.``, ``model.``
+        and ``_orig_mod.`` prefixes on both sides, when that match is unique. Unmatched model keys are
+        absent from the result.
+        """
+        model_keys = list(model_keys)
+        out: dict[str, str] = {}
+        used: set[str] = set()
+        for mk in model_keys:
+            if mk in self:
+                out[mk] = mk if mk in self._to_raw else self._from_raw[mk]
+                used.add(out[mk])
+        by_canon: dict[str, list[str]] = {}
+        for ck in self._to_raw:
+            if ck not in used:
+                by_canon.setdefault(_canonical(ck), []).append(ck)
+        wanted: dict[str, list[str]] = {}
+        for mk in model_keys:
+            if mk not in out:
+                wanted.setdefault(_canonical(mk), []).append(mk)
+        for canon, mks in wanted.items():
+            cks = by_canon.get(canon, [])
+            if len(mks) == 1 and len(cks) == 1:
+                out[mks[0]] = cks[0]
+        return out
+
+    def close(self) -> None:
+        self._r.close()
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Checkpoint({str(self.weights_path)!r}, format={self.format!r}, tensors={len(self)})"
+
+
+def _resolve_dir(d: Path) -> Path:
+    for name in _DIR_WEIGHTS:
+        if (d / name).is_file():
+            return d / name
+    files = sorted(p for p in d.iterdir() if p.is_file())
+    indexes = [p for p in files if p.name.endswith(".index.json")]
+    weights = [p for p in files if p.name.endswith((".safetensors", *TORCH_SUFFIXES))]
+    cands = indexes or weights
+    if len(cands) == 1:
+        return cands[0]
+    if not cands:
+        raise UsageError("no weights found in directory (looked for " + ", ".join(_DIR_WEIGHTS)
+                         + ", *.safetensors, *.pt, *.pth, *.bin, *.ckpt)", file=str(d))
+    raise UsageError("several weight files, name one: " + ", ".join(p.name for p in cands), file=str(d))
+
+
+def open_checkpoint(path: str | Path, *, strip_model_prefix: bool = False) -> Checkpoint:
+    """Open a checkpoint file or directory without reading tensor data.
+
+    ``path``: a ``.safetensors`` file, a ``*.index.json`` (sharded; shards are resolved next to it), a
+    ``.pt/.pth/.bin/.ckpt`` torch file, or a directory holding one of these (Hugging Face names preferred:
+    ``model.safetensors.index.json``, ``model.safetensors``, ``pytorch_model.bin.index.json``,
+    ``pytorch_model.bin``; else its only index or weights file) and optionally ``config.json``.
+    ``strip_model_prefix`` also strips a leading ``model.`` from the keys (see ``Checkpoint``).
+
+    Raises ``UsageError`` (with the file) for a missing path, an unknown extension, a directory without
+    (or with several candidate) weights, a truncated or corrupted safetensors file, an index naming a
+    missing shard, a torch file that ``weights_only=True`` refuses to unpickle, or an unreadable one.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise UsageError("no such file or directory", file=str(path))
+    weights = _resolve_dir(path) if path.is_dir() else path
+    name = weights.name
+    if name.endswith(".index.json"):
+        reader = _ShardedReader(weights)
+    elif name.endswith(".safetensors") or name.endswith(TORCH_SUFFIXES):
+        reader = _open_file(weights)
+    else:
+        raise UsageError(f"unknown checkpoint extension {weights.suffix or '(none)'!r} (expected .safetensors, "
+                         ".pt, .pth, .bin, .ckpt, *.index.json or a directory)", file=str(weights))
+    return Checkpoint(path, weights, reader, strip_model_prefix=strip_model_prefix)
+
+
+# ------------------------------------------------------------------------------------ norm inspection
+_WEIGHT_LEAVES = ("weight", "gamma", "scale")
+_BIAS_LEAVES = ("bias", "beta")
+_STAT_LEAVES = ("running_mean", "running_var", "num_batches_tracked")
+
+
+class CheckpointNormGroup(BaseModel):
+    """One norm found in a checkpoint alone: the keys under one module prefix.
+
+    ``module``: the key prefix (``encoder.layer.0.attention.output.LayerNorm``), in ``Checkpoint.keys()``
+    form. ``kind`` is always a guess (``kind_guessed`` is True): ``BatchNorm`` when running statistics
+    exist, else what the name says (rms / bn, batchnorm / gn, groupnorm / instance), else ``LayerNorm``
+    with a bias, ``RMSNorm`` with a weight only; ``kind_basis`` says which. ``num_features``: length of the
+    1-D parameters. ``weights``: statistics of the group's tensors (``WeightStats``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    module: str
+    kind: Kind
+    kind_guessed: bool = True
+    kind_basis: str
+    num_features: int
+    weights: WeightStats
+
+    def to_site(self) -> Site:
+        """A report ``Site`` (``detected_by="checkpoint"``) for checkpoint-only targets."""
+        bn = self.kind == "BatchNorm"
+        return Site(module=self.module, kind=self.kind, class_name="(checkpoint)", detected_by="checkpoint",
+                    normalized_shape=None if bn else [self.num_features],
+                    num_channels=self.num_features if bn else None,
+                    affine_weight=any(k.rsplit(".", 1)[-1] in _WEIGHT_LEAVES for k in self.weights.keys),
+                    affine_bias=self.weights.bias_present,
+                    track_running_stats=self.weights.running_state is not None,
+                    weights=self.weights,
+                    extra={"kind_guessed": self.kind_guessed, "kind_basis": self.kind_basis})
+
+
+def _tokens(name: str) -> set[str]:
+    return set(filter(None, re.split(r"[^a-z]+", name.lower())))
+
+
+def _name_says_norm(name: str) -> bool:
+    return "norm" in name.lower() or bool(_tokens(name) & {"ln", "bn", "gn", "rms"})
+
+
+def group_weight_stats(ckpt: Checkpoint, keys: Iterable[str]) -> WeightStats:
+    """``WeightStats`` over the tensors of one norm, given its checkpoint keys (leaf names ``weight``/
+    ``gamma``/``scale``, ``bias``/``beta``, ``running_mean``, ``running_var``, ``num_batches_tracked``).
+
+    Reads only those tensors; raises ``ValueError`` if one has more than 1 dimension. ``gain_*``: mean,
+    population std, min, max of the finite entries of the gain in float32 (None without a gain or with
+    no finite entry); ``nonfinite``: NaN/inf count over all the tensors; ``running_state``: ``initial``
+    when running_mean is all 0, running_var all 1 and num_batches_tracked 0 or absent, else ``trained``
+    (None without running statistics). ``shape``/``dtype``: those of the gain (else bias, else stats).
+    """
+    keys = list(keys)
+    by_leaf = {k.rsplit(".", 1)[-1]: k for k in keys}
+    ckpt.prefetch(keys)
+    for k in keys:
+        if len(ckpt.shape(k)) > 1:
+            raise ValueError(f"{k!r} has shape {list(ckpt.shape(k))}: not a 1-D norm parameter")
+    tensors = {leaf: ckpt.get(k) for leaf, k in by_leaf.items()}
+    gain_leaf = next((lf for lf in _WEIGHT_LEAVES if lf in tensors), None)
+    bias_leaf = next((lf for lf in _BIAS_LEAVES if lf in tensors), None)
+    ref = gain_leaf or bias_leaf or next((lf for lf in _STAT_LEAVES if lf in tensors), None)
+    stats = WeightStats(source="checkpoint", keys=keys, bias_present=bias_leaf is not None,
+                        shape=list(tensors[ref].shape) if ref else None,
+                        dtype=str(tensors[ref].dtype).removeprefix("torch.") if ref else None)
+    stats.nonfinite = int(sum((~torch.isfinite(t)).sum() for t in tensors.values()
+                              if t.is_floating_point() or t.is_complex()))
+    if gain_leaf:
+        g = tensors[gain_leaf].float().reshape(-1)
+        finite = torch.isfinite(g)
+        if not bool(finite.all()):  # boolean indexing only when needed: it is slow under CPU contention
+            g = g[finite]
+        if g.numel():
+            stats.gain_mean, stats.gain_std = float(g.mean()), float(g.std(correction=0))
+            stats.gain_min, stats.gain_max = float(g.min()), float(g.max())
+    rm, rv, nbt = (tensors.get(lf) for lf in _STAT_LEAVES)
+    if nbt is not None:
+        stats.num_batches_tracked = int(nbt.reshape(-1)[0]) if nbt.numel() else None
+    if rm is not None or rv is not None:
+        initial = ((rm is None or bool((rm == 0).all())) and (rv is None or bool((rv == 1).all()))
+                   and not stats.num_batches_tracked)
+        stats.running_state = "initial" if initial else "trained"
+    return stats
+
+
+def _guess_kind(name: str, leaves: set[str]) -> tuple[str, str]:
+    low, toks = name.lower(), _tokens(name)
+    if leaves & {"running_mean", "running_var"}:
+        return "BatchNorm", "running statistics present"
+    if "rms" in low:
+        return "RMSNorm", "name says rms"
+    if "batch" in low or "bn" in toks:
+        return "BatchNorm", "name says batch norm (no running statistics)"
+    if "group" in low or "gn" in toks:
+        return "GroupNorm", "name says group norm"
+    if "instance" in low:
+        return "InstanceNorm", "name says instance norm"
+    if leaves & set(_BIAS_LEAVES):
+        return "LayerNorm", "bias present, no running statistics"
+    return "RMSNorm", "weight only, no bias"
+
+
+def _natural(key: str) -> tuple:
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in key.split("."))
+
+
+def inspect_norm_params(ckpt: Checkpoint) -> list[CheckpointNormGroup]:
+    """Find the norm parameters of a checkpoint by name and shape, one group per module prefix.
+
+    A prefix is a norm when it holds ``running_mean``/``running_var`` (BatchNorm, whatever its name), or
+    when its 1-D ``weight``/``bias`` are under a name saying norm (``*norm*``, ``ln``, ``ln_f``, ``bn``,
+    ``gn``, ``rms`` tokens) or it has 1-D ``gamma``/``beta``/``scale``; a prefix holding any tensor of 2+
+    dimensions is never one. Reads only the groups' 1-D (and 0-D ``num_batches_tracked``) tensors.
+    Returns groups sorted by module path (numeric components in numeric order).
+    """
+    prefixes: dict[str, dict[str, str]] = {}
+    too_big: set[str] = set()
+    for key in ckpt.keys():
+        prefix, _, leaf = key.rpartition(".")
+        prefixes.setdefault(prefix, {})[leaf] = key
+        if len(ckpt.shape(key)) > 1:
+            too_big.add(prefix)
+    found = []
+    for prefix in sorted(prefixes, key=_natural):
+        leaves = prefixes[prefix]
+        if prefix in too_big:
+            continue
+        params = [lf for lf in (*_WEIGHT_LEAVES, *_BIAS_LEAVES) if lf in leaves]
+        stats = [lf for lf in _STAT_LEAVES if lf in leaves]
+        if any(len(ckpt.shape(leaves[lf])) != 1 for lf in params + stats if lf != "num_batches_tracked"):
+            continue
+        last = prefix.rpartition(".")[2]
+        if not ({"running_mean", "running_var"} & set(stats)
+                or (params and _name_says_norm(last))
+                or {"gamma", "beta", "scale"} & set(params)):
+            continue
+        found.append((prefix, last, leaves, [leaves[lf] for lf in params + stats]))
+    ckpt.prefetch([k for *_, keys in found for k in keys])
+    groups = []
+    for prefix, last, leaves, keys in found:
+        kind, basis = _guess_kind(last, set(leaves))
+        ws = group_weight_stats(ckpt, keys)
+        groups.append(CheckpointNormGroup(module=prefix, kind=kind, kind_basis=basis,
+                                          num_features=ws.shape[0] if ws.shape else 0, weights=ws))
+    return groups
