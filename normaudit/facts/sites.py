@@ -451,12 +451,14 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
         rec.site.affine_bias = any(op_name(c) == "add" for c in chain) or (False if params else None)
         records.append(rec)
 
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    records.sort(key=lambda r: min((order[n] for n in r.nodes), default=len(order)))
     _finish(records)
     return records
 
 
 def _finish(records: list[SiteRecord]) -> None:
-    """Order sites by graph position, number repeated calls per module, fill shape facts."""
+    """Number repeated calls per module and fill shape facts (records are in graph order)."""
     counts: dict[str, int] = defaultdict(int)
     for rec in records:
         s = rec.site

@@ -1,0 +1,186 @@
+"""Site discovery on both graph flavours: built-in modules, functional calls, hand-written norms, and the
+module-walk fallback when nothing captures."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conftest import CASES, audit_model, site
+from normaudit.capture import capture_model
+from normaudit.facts import FactContext, collect_facts
+
+
+class AllBuiltins(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8, eps=1e-3)
+        self.gn = nn.GroupNorm(2, 8, eps=1e-4)
+        self.inorm = nn.InstanceNorm2d(8, affine=True)
+        self.lrn = nn.LocalResponseNorm(3)
+        self.ln = nn.LayerNorm(8, eps=1e-6)
+        self.rms = nn.RMSNorm(8, eps=1e-7)
+        self.bn1 = nn.BatchNorm1d(8)
+
+    def forward(self, x):
+        y = self.lrn(self.inorm(self.gn(self.bn(self.conv(x)))))
+        y = y.mean((2, 3))
+        return self.bn1(self.rms(self.ln(y)))
+
+
+EXPECTED_BUILTINS = [
+    ("bn", "BatchNorm", 1e-3, ["batch", "height", "width"]),
+    ("gn", "GroupNorm", 1e-4, ["channel", "height", "width"]),
+    ("inorm", "InstanceNorm", 1e-5, ["height", "width"]),
+    ("lrn", "LocalResponseNorm", None, ["channel"]),
+    ("ln", "LayerNorm", 1e-6, ["channel"]),
+    ("rms", "RMSNorm", 1e-7, ["channel"]),
+    ("bn1", "BatchNorm", 1e-5, ["batch"]),
+]
+
+
+def _facts(model, inputs, methods):
+    cap = capture_model(copy.deepcopy(model), inputs, on_meta=False, methods=methods)
+    assert cap.method == methods[0], cap.attempts
+    return cap, collect_facts(FactContext(cap=cap)).records
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_builtin_norm_modules(method):
+    _, records = _facts(AllBuiltins(), (torch.randn(2, 3, 16, 16),), (method,))
+    got = [(r.site.module, r.site.kind, r.site.eps, r.site.normalized_axes) for r in records]
+    assert got == EXPECTED_BUILTINS
+    gn = next(r.site for r in records if r.site.module == "gn")
+    assert (gn.num_groups, gn.num_channels, gn.affine_weight) == (2, 8, True)
+    bn = next(r.site for r in records if r.site.module == "bn")
+    assert (bn.training, bn.track_running_stats, bn.reduced_dims) == (True, True, [0, 2, 3])
+
+
+class Functional(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+        self.weight = nn.Parameter(torch.ones(16))
+
+    def forward(self, x):
+        h = F.layer_norm(self.proj(x), (16,), self.weight, None, 1e-8)
+        return F.group_norm(h.transpose(1, 2), 4, eps=1e-3)
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_functional_calls_belong_to_the_calling_module(method):
+    _, records = _facts(Functional(), (torch.randn(2, 5, 16),), (method,))
+    got = [(r.site.module, r.site.kind, r.site.detected_by, r.site.eps, r.site.affine_weight, r.site.affine_bias,
+            r.site.call_index) for r in records]
+    assert got == [("", "LayerNorm", "functional", 1e-8, True, False, 0),
+                   ("", "GroupNorm", "functional", 1e-3, False, False, 1)]
+    assert records[0].site.normalized_axes == ["feature"]
+    assert records[1].site.num_groups == 4
+
+
+class HandLN(nn.Module):
+    """Population variance, eps inside the sqrt (Ba et al. 2016 eq. 3-4)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.g, self.b = nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d))
+
+    def forward(self, x):
+        mu = x.mean(-1, keepdim=True)
+        var = x.var(-1, keepdim=True, unbiased=False)
+        return (x - mu) / torch.sqrt(var + 1e-5) * self.g + self.b
+
+
+class GemmaStyle(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(d))
+
+    def forward(self, x):
+        x32 = x.float()
+        out = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (out * (1.0 + self.weight.float())).type_as(x)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = HandLN(16)
+        self.b = GemmaStyle(16)
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.b(self.fc(self.a(x)))
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_hand_written_norms_by_computation(method):
+    _, records = _facts(Net(), (torch.randn(2, 7, 16),), (method,))
+    got = [(r.site.module, r.site.kind, r.site.class_name, r.site.detected_by, r.site.eps, r.site.normalized_shape,
+            r.site.normalized_axes) for r in records]
+    assert got == [("a", "LayerNorm", "HandLN", "pattern", 1e-5, [16], ["feature"]),
+                   ("b", "RMSNorm", "GemmaStyle", "pattern", 1e-6, [16], ["feature"])]
+    assert records[0].hints["variance"] == "population"
+
+
+def test_attention_scaling_and_softmax_are_not_norms():
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(16, 48)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).chunk(3, dim=-1)
+            scores = q @ k.transpose(-2, -1) / torch.sqrt(torch.tensor(16.0))
+            return torch.softmax(scores, -1) @ v
+
+    r = audit_model(Attn(), (torch.randn(2, 5, 16),))
+    assert r.sites == []
+
+
+def test_uncapturable_model_falls_back_to_module_walk():
+    class DataDependent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(8, eps=1e-3)
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            if x.sum() > 0:  # data-dependent control flow: neither tracer can follow it
+                return self.norm(self.fc(x))
+            return self.fc(x)
+
+    r = audit_model(DataDependent(), (torch.randn(2, 8),))
+    assert r.capture.method == "module_walk" and r.capture.complete is False
+    assert [a.method for a in r.capture.attempts] == ["symbolic_trace", "export", "symbolic_trace (eval)", "export (eval)"]
+    assert [(s.module, s.kind, s.eps, s.detected_by) for s in r.sites] == [("norm", "LayerNorm", 1e-3, "module_walk")]
+    assert any("capture failed" in n for n in r.notes)
+
+
+def test_capture_does_not_touch_the_callers_model():
+    model = Net()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    audit_model(model, (torch.randn(2, 7, 16),))
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not any(type(p).__name__ == "FakeTensor" for p in model.parameters())
+
+
+def test_symbolic_trace_and_export_agree_on_reference_cases(rules):
+    import importlib.util
+
+    for name in ("N01_seq_rmsnorm", "N05_convnext_control", "N23_unbiased_std_ln", "N26_t5_rms_control"):
+        spec = importlib.util.spec_from_file_location(f"case_{name}", CASES / name / "model.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        model, inputs = mod.build_model(), mod.example_inputs()
+        per_method = []
+        for method in ("symbolic_trace", "export"):
+            _, records = _facts(model, inputs, (method,))
+            per_method.append([(r.site.module, r.site.kind, r.site.eps, r.site.normalized_axes, r.site.reduced_dims)
+                               for r in records])
+        assert per_method[0] == per_method[1], name
