@@ -618,13 +618,12 @@ def group_weight_stats(ckpt: Checkpoint, keys: Iterable[str]) -> WeightStats:
     stats = WeightStats(source="checkpoint", keys=keys, bias_present=bias_leaf is not None,
                         shape=list(tensors[ref].shape) if ref else None,
                         dtype=str(tensors[ref].dtype).removeprefix("torch.") if ref else None)
-    stats.nonfinite = int(sum((~torch.isfinite(t)).sum() for t in tensors.values()
-                              if t.is_floating_point() or t.is_complex()))
+    stats.nonfinite = sum(t.numel() - int(torch.isfinite(t).sum()) for t in tensors.values()
+                          if t.is_floating_point() or t.is_complex())
     if gain_leaf:
         g = tensors[gain_leaf].float().reshape(-1)
-        finite = torch.isfinite(g)
-        if not bool(finite.all()):  # boolean indexing only when needed: it is slow under CPU contention
-            g = g[finite]
+        if stats.nonfinite:  # boolean indexing only when needed: it is slow under CPU contention
+            g = g[torch.isfinite(g)]
         if g.numel():
             stats.gain_mean, stats.gain_std = float(g.mean()), float(g.std(correction=0))
             stats.gain_min, stats.gain_max = float(g.min()), float(g.max())
