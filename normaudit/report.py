@@ -38,7 +38,11 @@ class Formula(_Model):
     Reference formulas: Ba, Kiros, Hinton 2016 (arXiv 1607.06450) eq. 3-4 for LayerNorm
     (mean and population variance over the normalised features, eps inside the sqrt as in
     ``torch.nn.LayerNorm``); Zhang & Sennrich 2019 (arXiv 1910.07467) for RMSNorm (no mean subtraction,
-    root mean square of the features).
+    root mean square of the features). Filled by ``normaudit.facts.formula``, whose docstring defines
+    each field; in short: ``upcast`` says whether the statistics are kept in float32 when the input is
+    half precision (an explicit cast, or a ``fused`` kernel that accumulates in float32), ``stats_dtype``
+    the dtype the squares/variance are held in at the audited ``--dtype``, ``eps_dtype`` the dtype of the
+    tensor eps is added to, ``confirmed`` None when not probed numerically.
     """
 
     mean_subtracted: Optional[bool] = None
@@ -52,6 +56,13 @@ class Formula(_Model):
     inverted_scale: Optional[bool] = None
     confirmed: Optional[bool] = None
     text: Optional[str] = None
+    eps_dtype: Optional[str] = None
+    eps_measured: Optional[float] = None
+    eps_matches: Optional[bool] = None
+    constant_row_finite: Optional[bool] = None
+    max_error: Optional[float] = None
+    size: Optional[int] = None
+    notes: list[str] = Field(default_factory=list)
 
 
 class WeightStats(_Model):
