@@ -87,6 +87,43 @@ class WeightStats(_Model):
     num_batches_tracked: Optional[int] = None
 
 
+class SizeProbe(_Model):
+    """A site in the second capture, made with the spatial/sequence sizes of the inputs changed
+    (``normaudit.facts.probes.size_probe``).
+
+    ``resize`` says what changed (``"height 16->20, width 16->20"``); ``input_shape`` is the site's input
+    shape at the new size (None when the run failed before or at the site); ``changed_dims`` the dims of the
+    site's input, among those it normalises (LayerNorm/RMSNorm) or keeps one statistic per (the channel dim of
+    BatchNorm/GroupNorm/InstanceNorm), whose size followed the input size; ``error`` what PyTorch raised at this
+    site at the new size; ``tied``: either of the two, so the norm only works at the captured input size.
+    """
+
+    resize: str
+    input_shape: Optional[list[int]] = None
+    changed_dims: list[int] = Field(default_factory=list)
+    error: Optional[str] = None
+    tied: bool = False
+
+
+class BatchProbe(_Model):
+    """Batch-independence probe (``--probe batch``, ``normaudit.facts.probes.batch_probe``): the model runs in
+    train mode on a small real batch twice, with example 0 the same and the other examples different, and
+    example 0's input to this site pinned to the same values.
+
+    ``row0_max_change`` is the largest absolute change of example 0's output of the site (same unit as the
+    output); ``row0_scale`` the largest absolute value of that output; ``coupled`` is True when the change
+    exceeds ``tolerance`` (so the site mixes statistics across examples, as BatchNorm in train mode does).
+    ``note`` says why a site was not measured.
+    """
+
+    batch_size: int
+    row0_max_change: Optional[float] = None
+    row0_scale: Optional[float] = None
+    tolerance: Optional[float] = None
+    coupled: Optional[bool] = None
+    note: Optional[str] = None
+
+
 class Site(_Model):
     """One normalisation computation found in the model.
 
@@ -121,6 +158,10 @@ class Site(_Model):
     weights: Optional[WeightStats] = None
     source: Optional[SourceLocation] = None
     definition: Optional[SourceLocation] = None
+    #: labels of the axis a BatchNorm/GroupNorm/InstanceNorm keeps one statistic per (its dim 1, the "channels")
+    channel_axes: list[AxisLabel] = Field(default_factory=list)
+    size_probe: Optional[SizeProbe] = None
+    batch_probe: Optional[BatchProbe] = None
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -143,6 +184,9 @@ class ModelFacts(_Model):
     num_residual_adds: int = 0
     blocks: list[Block] = Field(default_factory=list)
     config_source: Optional[str] = None
+    #: model-level facts of individual passes (e.g. ``groupnorm_config``: GroupNorm groups that do not divide
+    #: the channel counts the configuration declares)
+    extra: dict[str, Any] = Field(default_factory=dict)
 
 
 class CaptureAttempt(_Model):
