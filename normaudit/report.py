@@ -85,6 +85,14 @@ class WeightStats(_Model):
     nonfinite: int = 0
     running_state: Optional[Literal["initial", "trained"]] = None
     num_batches_tracked: Optional[int] = None
+    #: share of the finite gain entries below 0 (a ``(1 + weight)`` checkpoint has about half)
+    gain_negative_fraction: Optional[float] = None
+    #: model + checkpoint (``normaudit.facts.weights``): the site's model keys absent from the checkpoint; the
+    #: checkpoint keys under the site's module that no parameter of it takes (loading drops them); and checkpoint
+    #: keys that look like a renamed parameter (``{"norm.scale": "norm.weight"}``, checkpoint key -> model key)
+    missing: list[str] = Field(default_factory=list)
+    unexpected: list[str] = Field(default_factory=list)
+    renamed: dict[str, str] = Field(default_factory=dict)
 
 
 class SizeProbe(_Model):
@@ -124,6 +132,44 @@ class BatchProbe(_Model):
     note: Optional[str] = None
 
 
+class ConfigEps(_Model):
+    """An eps a configuration declares for a site (``normaudit.facts.eps``).
+
+    ``origin``: ``cli`` (``--config``), ``checkpoint`` (the config that came with the weights), ``model`` (the
+    model's own ``config`` attribute) or ``library`` (a library's own config, a transformers
+    ``PretrainedConfig``, whose code may keep another eps on purpose); ``source`` says where (a file name,
+    ``the model's own config``); ``matches``: the site's effective eps equals ``value`` (relative 1e-6).
+    """
+
+    origin: Literal["cli", "checkpoint", "model", "library"]
+    source: str
+    key: str
+    value: float
+    matches: bool
+
+
+class EpsFacts(_Model):
+    """The eps of one site, compared (``normaudit.facts.eps``).
+
+    ``effective``: the eps the site adds (``site.eps``; for ``nn.RMSNorm(eps=None)`` ``torch.finfo`` of its
+    input dtype, as PyTorch substitutes); ``missing``: a hand-written norm that adds no eps at all. ``declared``: what each
+    configuration says. ``peers``: sites of the same class and kind with a known eps (this one included);
+    ``peer_eps``: the eps a strict majority of them use (None without one) and ``peer_count`` how many.
+    ``dtype``: the dtype eps is added in (``dtype_basis`` says how that was found); ``in_dtype``: eps as that
+    dtype stores it (0.0 when it underflows, IEEE 754 round-to-nearest).
+    """
+
+    effective: Optional[float] = None
+    missing: bool = False
+    declared: list[ConfigEps] = Field(default_factory=list)
+    peers: int = 0
+    peer_eps: Optional[float] = None
+    peer_count: int = 0
+    dtype: Optional[str] = None
+    dtype_basis: Optional[str] = None
+    in_dtype: Optional[float] = None
+
+
 class Site(_Model):
     """One normalisation computation found in the model.
 
@@ -156,6 +202,7 @@ class Site(_Model):
     block: Optional[str] = None
     formula: Optional[Formula] = None
     weights: Optional[WeightStats] = None
+    eps_facts: Optional[EpsFacts] = None
     source: Optional[SourceLocation] = None
     definition: Optional[SourceLocation] = None
     #: labels of the axis a BatchNorm/GroupNorm/InstanceNorm keeps one statistic per (its dim 1, the "channels")
