@@ -13,6 +13,8 @@ from typing import Any, Optional
 from normaudit.capture import Capture
 from normaudit.facts import axes as axes_pass
 from normaudit.facts import placement
+from normaudit.facts import eps as eps_pass
+from normaudit.facts import weights as weights_pass
 from normaudit.facts.sites import SiteRecord, discover_sites, walk_modules
 from normaudit.report import ModelFacts, SourceLocation
 
@@ -35,6 +37,10 @@ class FactContext:
     inputs: Any = None
     config: dict[str, Any] = field(default_factory=dict)
     config_source: Optional[str] = None
+    #: every configuration to compare eps with (``normaudit.facts.eps.ConfigSource``: --config, the checkpoint's
+    #: config, the model's own); an opened ``normaudit.target.checkpoint.Checkpoint`` given with the model
+    config_sources: list = field(default_factory=list)
+    checkpoint: Any = None
 
 
 @dataclass
@@ -52,7 +58,10 @@ def collect_facts(ctx: FactContext) -> Facts:
     model = ModelFacts(class_name=type(cap.root).__name__,
                        num_parameters=sum(p.numel() for p in cap.root.parameters()))
     if cap.gm is None:
-        return Facts(records=walk_modules(cap.modules, origins), model=model)
+        records = walk_modules(cap.modules, origins)
+        notes = weights_pass.analyse(ctx, records)
+        eps_pass.analyse(ctx, records)
+        return Facts(records=records, model=model, notes=notes)
     records = discover_sites(cap, origins)
     env = axes_pass.label_graph(cap, input_axes)
     for rec in records:
@@ -65,4 +74,6 @@ def collect_facts(ctx: FactContext) -> Facts:
         elif rec.site.reduced_dims:
             rec.site.normalized_axes = ["unknown"]
     placement.analyse(cap, records, model)
-    return Facts(records=records, model=model)
+    notes = weights_pass.analyse(ctx, records)
+    eps_pass.analyse(ctx, records)
+    return Facts(records=records, model=model, notes=notes)
