@@ -34,6 +34,7 @@ __all__ = [
     "open_checkpoint",
     "inspect_norm_params",
     "group_weight_stats",
+    "checkpoint_target",
 ]
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
@@ -492,6 +493,62 @@ class Checkpoint:
                 out[mks[0]] = cks[0]
         return out
 
+    def align_keys(self, model_keys: Iterable[str], optional: Iterable[str] = ()) -> tuple[dict[str, str], Optional[str]]:
+        """``match_keys``, plus one leading prefix when the keys of the two sides differ by it.
+
+        When fewer than half of ``model_keys`` match, a prefix of one to three components that the checkpoint
+        adds to every key (``bert.`` of a ``BertForMaskedLM`` checkpoint loaded into a ``BertModel``) or lacks
+        (the model's ``backbone.``) is tried, and kept when it matches more keys than ``match_keys`` did.
+        ``optional`` keys (names the model does not have, asked about by the caller) are matched the same way
+        but do not count towards choosing the prefix. Returns (model key -> checkpoint key, a sentence
+        describing the prefix used or None).
+
+        Example (a checkpoint holding ``bert.embeddings.LayerNorm.weight``)::
+
+            ckpt.align_keys(["embeddings.LayerNorm.weight"])
+            # ({'embeddings.LayerNorm.weight': 'bert.embeddings.LayerNorm.weight'},
+            #  "the checkpoint's keys carry the prefix 'bert.'")
+        """
+        model_keys, optional = list(model_keys), [k for k in optional if k not in set(model_keys)]
+        out = self.match_keys(model_keys + optional)
+        hits = sum(k in out for k in model_keys)
+        if not model_keys or hits * 2 >= len(model_keys):
+            return out, None
+        ck = self._to_raw
+        by_suffix: dict[str, set[str]] = {}
+        for c in ck:
+            parts = c.split(".")
+            for i in range(1, min(len(parts), 4)):
+                by_suffix.setdefault(".".join(parts[i:]), set()).add(".".join(parts[:i]) + ".")
+        add: dict[str, int] = {}
+        drop: dict[str, int] = {}
+        for k in model_keys:
+            if k in out:
+                continue
+            for pre in by_suffix.get(k, ()):
+                add[pre] = add.get(pre, 0) + 1
+            parts = k.split(".")
+            for i in range(1, min(len(parts), 4)):
+                if ".".join(parts[i:]) in ck:
+                    pre = ".".join(parts[:i]) + "."
+                    drop[pre] = drop.get(pre, 0) + 1
+        best = max([(n, "add", pre) for pre, n in add.items()] + [(n, "drop", pre) for pre, n in drop.items()],
+                   default=None)
+        if best is None or best[0] <= hits:
+            return out, None
+        _, how, pre = best
+        used = set(out.values())
+        for k in model_keys + optional:
+            if k in out:
+                continue
+            cand = pre + k if how == "add" else (k[len(pre):] if k.startswith(pre) else None)
+            if cand is not None and cand in ck and cand not in used:
+                out[k] = cand
+                used.add(cand)
+        what = (f"the checkpoint's keys carry the prefix {pre!r}" if how == "add"
+                else f"the model's keys carry the prefix {pre!r}, the checkpoint's do not")
+        return out, what
+
     def close(self) -> None:
         self._r.close()
 
@@ -595,15 +652,19 @@ def _name_says_norm(name: str) -> bool:
     return "norm" in name.lower() or bool(_tokens(name) & {"ln", "bn", "gn", "rms"})
 
 
-def group_weight_stats(ckpt: Checkpoint, keys: Iterable[str]) -> WeightStats:
+def group_weight_stats(ckpt: Checkpoint, keys: Iterable[str], *, gain: Optional[str] = None,
+                       bias: Optional[str] = None) -> WeightStats:
     """``WeightStats`` over the tensors of one norm, given its checkpoint keys (leaf names ``weight``/
     ``gamma``/``scale``, ``bias``/``beta``, ``running_mean``, ``running_var``, ``num_batches_tracked``).
 
+    ``gain``/``bias``: the keys holding the gain and the bias when their leaf names say nothing (a hand-written
+    norm's ``a_2``/``b_2``); by default the first ``weight``/``gamma``/``scale`` and ``bias``/``beta`` key.
     Reads only those tensors; raises ``ValueError`` if one has more than 1 dimension. ``gain_*``: mean,
     population std, min, max of the finite entries of the gain in float32 (None without a gain or with
-    no finite entry); ``nonfinite``: NaN/inf count over all the tensors; ``running_state``: ``initial``
-    when running_mean is all 0, running_var all 1 and num_batches_tracked 0 or absent, else ``trained``
-    (None without running statistics). ``shape``/``dtype``: those of the gain (else bias, else stats).
+    no finite entry), ``gain_negative_fraction`` the share of them below 0; ``nonfinite``: NaN/inf count over
+    all the tensors; ``running_state``: ``initial`` when running_mean is all 0, running_var all 1 and
+    num_batches_tracked 0 or absent, else ``trained`` (None without running statistics). ``shape``/``dtype``:
+    those of the gain (else bias, else stats).
     """
     keys = list(keys)
     by_leaf = {k.rsplit(".", 1)[-1]: k for k in keys}
@@ -611,23 +672,25 @@ def group_weight_stats(ckpt: Checkpoint, keys: Iterable[str]) -> WeightStats:
     for k in keys:
         if len(ckpt.shape(k)) > 1:
             raise ValueError(f"{k!r} has shape {list(ckpt.shape(k))}: not a 1-D norm parameter")
-    tensors = {leaf: ckpt.get(k) for leaf, k in by_leaf.items()}
-    gain_leaf = next((lf for lf in _WEIGHT_LEAVES if lf in tensors), None)
-    bias_leaf = next((lf for lf in _BIAS_LEAVES if lf in tensors), None)
-    ref = gain_leaf or bias_leaf or next((lf for lf in _STAT_LEAVES if lf in tensors), None)
-    stats = WeightStats(source="checkpoint", keys=keys, bias_present=bias_leaf is not None,
+    tensors = {k: ckpt.get(k) for k in keys}
+    gain_key = gain if gain in tensors else next((by_leaf[lf] for lf in _WEIGHT_LEAVES if lf in by_leaf), None)
+    bias_key = bias if bias in tensors else next((by_leaf[lf] for lf in _BIAS_LEAVES if lf in by_leaf), None)
+    stat_keys = {lf: by_leaf[lf] for lf in _STAT_LEAVES if lf in by_leaf}
+    ref = gain_key or bias_key or next(iter(stat_keys.values()), None)
+    stats = WeightStats(source="checkpoint", keys=keys, bias_present=bias_key is not None,
                         shape=list(tensors[ref].shape) if ref else None,
                         dtype=str(tensors[ref].dtype).removeprefix("torch.") if ref else None)
     stats.nonfinite = sum(t.numel() - int(torch.isfinite(t).sum()) for t in tensors.values()
                           if t.is_floating_point() or t.is_complex())
-    if gain_leaf:
-        g = tensors[gain_leaf].float().reshape(-1)
+    if gain_key:
+        g = tensors[gain_key].float().reshape(-1)
         if stats.nonfinite:  # boolean indexing only when needed: it is slow under CPU contention
             g = g[torch.isfinite(g)]
         if g.numel():
             stats.gain_mean, stats.gain_std = float(g.mean()), float(g.std(correction=0))
             stats.gain_min, stats.gain_max = float(g.min()), float(g.max())
-    rm, rv, nbt = (tensors.get(lf) for lf in _STAT_LEAVES)
+            stats.gain_negative_fraction = float((g < 0).sum()) / g.numel()
+    rm, rv, nbt = (tensors[stat_keys[lf]] if lf in stat_keys else None for lf in _STAT_LEAVES)
     if nbt is not None:
         stats.num_batches_tracked = int(nbt.reshape(-1)[0]) if nbt.numel() else None
     if rm is not None or rv is not None:
@@ -697,3 +760,16 @@ def inspect_norm_params(ckpt: Checkpoint) -> list[CheckpointNormGroup]:
         groups.append(CheckpointNormGroup(module=prefix, kind=kind, kind_basis=basis,
                                           num_features=ws.shape[0] if ws.shape else 0, weights=ws))
     return groups
+
+
+def checkpoint_target(path: str | Path):
+    """A checkpoint given as the audit's TARGET: a :class:`normaudit.target.ModelUnderAudit` of kind
+    ``checkpoint`` with no model (an empty ``nn.Module``); the audit opens the file itself
+    (``normaudit.audit.checkpoint_only_report``), so an unreadable or refused file is a UsageError there."""
+    from torch import nn
+
+    from normaudit.target import ModelUnderAudit
+
+    path = Path(path)
+    return ModelUnderAudit(model=nn.Module(), inputs=(), on_meta=False, kind="checkpoint", file=str(path),
+                           weights=[path.name])

@@ -1,0 +1,227 @@
+"""Weight facts: a checkpoint's norm parameters mapped onto the model's sites (``site.weights``), and the gain
+form each site applies when the formula pass could not say (``site.extra["gain_form"]``).
+
+For each site the *model keys* are the ``state_dict`` names of its module's own parameters and persistent
+buffers (``layers.0.input_layernorm.weight``); for a functional or hand-written norm inside a larger module,
+only the 1-D ones the size of the normalised region. They are matched onto the checkpoint with
+:meth:`normaudit.target.checkpoint.Checkpoint.align_keys` (exact, wrapper prefixes, one leading prefix), together
+with the names the site does *not* have (``.bias`` of an RMSNorm, ``.scale``, ``.gamma``...), so that the
+checkpoint's extra keys under the site's module are found too. Then ``site.weights``
+(:class:`normaudit.report.WeightStats`, from :func:`normaudit.target.checkpoint.group_weight_stats` over every
+checkpoint tensor of the site) carries:
+
+- ``missing``: model keys the checkpoint lacks (``num_batches_tracked`` excepted: old checkpoints lack it and
+  loading tolerates that), so they keep their initial values;
+- ``renamed``: a checkpoint key that is most likely a missing parameter under another leaf name (a gain saved
+  as ``scale`` where the model expects ``weight``): same role (gain or bias) and same shape;
+- ``unexpected``: the other checkpoint keys under the module, which ``load_state_dict`` drops (an RMSNorm
+  given a bias).
+
+transformers renames ``LayerNorm.gamma``/``LayerNorm.beta`` to ``weight``/``bias`` when it loads (its "legacy"
+conversion), so for a transformers model those count as matched.
+
+The gain form fallback: built-in modules scale by ``weight`` (``none`` without affine parameters); for other
+sites the graph is read: a parameter reaching the output multiply directly is ``weight``, through ``1 + p``
+``one_plus_weight`` (Gemma). ``site.formula.gain``, when the formula pass set it, wins; rules read
+``site.formula.gain`` first.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from torch import fx, nn
+
+from normaudit.capture.ir import NEUTRAL_OPS, op_name, scalar_operand
+from normaudit.report import WeightStats
+
+__all__ = ["GAIN_LEAVES", "BIAS_LEAVES", "param_roles", "site_param_names", "analyse"]
+
+GAIN_LEAVES = ("weight", "gamma", "scale", "g")
+BIAS_LEAVES = ("bias", "beta", "b")
+STAT_LEAVES = ("running_mean", "running_var", "num_batches_tracked")
+#: leaf names a norm's parameters are saved under; the ones a site lacks are asked of the checkpoint too
+PROBE_LEAVES = ("weight", "gamma", "scale", "bias", "beta", *STAT_LEAVES)
+_LEGACY = {"gamma": "weight", "beta": "bias"}
+_PATH_OPS = NEUTRAL_OPS + ("view", "unsqueeze", "expand", "expand_as", "reshape", "getitem", "squeeze", "flatten")
+
+
+def _fqn(module: str, name: str) -> str:
+    return f"{module}.{name}" if module else name
+
+
+def _numel(shape: Optional[list[int]]) -> Optional[int]:
+    return math.prod(shape) if shape else None
+
+
+def site_param_names(site: Any, mod: Optional[nn.Module]) -> list[str]:
+    """Names (in ``mod``) of the parameters and persistent buffers that belong to ``site``."""
+    if mod is None:
+        return []
+    persistent = [(n, b) for n, b in mod.named_buffers(recurse=False) if n not in mod._non_persistent_buffers_set]
+    items = list(mod.named_parameters(recurse=False)) + persistent
+    if site.detected_by in ("module", "module_walk"):
+        return [n for n, _ in items]
+    size = _numel(site.normalized_shape) or site.num_channels
+    return [n for n, t in items if t.dim() == 1 and (size is None or t.numel() == size)]
+
+
+def _param_nodes(gm: Optional[fx.GraphModule], user_inputs: list[str], fqn: str) -> list[fx.Node]:
+    if gm is None:
+        return []
+    flat = fqn.replace(".", "_")
+    out = []
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and str(node.target) == fqn:
+            out.append(node)
+        elif node.op == "placeholder" and node.name not in user_inputs and node.name in (f"p_{flat}", f"b_{flat}"):
+            out.append(node)
+    return out
+
+
+def _role(node: fx.Node) -> tuple[Optional[str], Optional[str]]:
+    """(``gain``/``bias``/None, gain form) of a parameter node, from its first arithmetic use."""
+    frontier, plus_one = [node], False
+    for _ in range(8):
+        nxt = []
+        for n in frontier:
+            for user in n.users:
+                name = op_name(user)
+                if name in _PATH_OPS:
+                    nxt.append(user)
+                elif name == "add" and scalar_operand(user) == 1.0 and not plus_one:
+                    plus_one = True
+                    nxt.append(user)
+                elif name in ("mul", "div"):
+                    return "gain", "one_plus_weight" if plus_one else "weight"
+                elif name in ("add", "sub") and not plus_one:
+                    return "bias", None
+        if not nxt:
+            break
+        frontier = nxt
+    return None, None
+
+
+def param_roles(site: Any, names: list[str], gm: Optional[fx.GraphModule] = None,
+                user_inputs: Optional[list[str]] = None) -> tuple[dict[str, str], Optional[str]]:
+    """({name: ``gain``|``bias``|``stat``}, gain form) of a site's parameters: by the graph where it shows a
+    use, else by leaf name (``weight``/``gamma``/``scale``/``g`` gain, ``bias``/``beta``/``b`` bias)."""
+    roles: dict[str, str] = {}
+    form: Optional[str] = None
+    builtin = site.detected_by in ("module", "module_walk") and site.class_name != "(checkpoint)"
+    for name in names:
+        if name in STAT_LEAVES:
+            roles[name] = "stat"
+            continue
+        role = None
+        if not builtin:
+            for node in _param_nodes(gm, user_inputs or [], _fqn(site.module, name)):
+                role, f = _role(node)
+                if role == "gain" and form is None:
+                    form = f
+                if role:
+                    break
+        if role is None:
+            role = "gain" if name in GAIN_LEAVES else "bias" if name in BIAS_LEAVES else None
+        if role:
+            roles[name] = role
+    return roles, form
+
+
+def _fallback_gain_form(site: Any, roles: dict[str, str], graph_form: Optional[str]) -> str:
+    if site.detected_by == "module":
+        return "weight" if site.affine_weight else "none"
+    if graph_form:
+        return graph_form
+    if "gain" not in roles.values():
+        return "none" if roles or site.affine_weight is False else "unknown"
+    return "unknown"
+
+
+def analyse(ctx: Any, records: list) -> list[str]:
+    """Set ``site.weights`` from ``ctx.checkpoint`` (when given) and ``site.extra["gain_form"]`` where the
+    formula pass left the gain form unknown. Returns notes for the report."""
+    cap = ctx.cap
+    gm = cap.gm
+    user_inputs = list(getattr(cap, "user_inputs", []) or [])
+    modules = cap.modules
+    per_site: list[tuple[Any, list[str], dict[str, str]]] = []
+    for rec in records:
+        site = rec.site
+        mod = modules.get(site.module)
+        names = site_param_names(site, mod)
+        roles, graph_form = param_roles(site, names, gm, user_inputs)
+        if site.formula is None or site.formula.gain in (None, "unknown"):
+            site.extra["gain_form"] = _fallback_gain_form(site, roles, graph_form)
+        per_site.append((site, names, roles))
+    ckpt = getattr(ctx, "checkpoint", None)
+    if ckpt is None:
+        return []
+    root = cap.root
+    library = type(getattr(root, "config", None)).__module__.split(".")[0] == "transformers"
+    model_keys = list(root.state_dict().keys())
+    phantoms = []
+    seen_modules: set[str] = set()
+    for site, names, _ in per_site:
+        if site.module in seen_modules:
+            continue
+        seen_modules.add(site.module)
+        phantoms += [_fqn(site.module, lf) for lf in PROBE_LEAVES if lf not in names]
+    mapping, prefix_note = ckpt.align_keys(model_keys, optional=phantoms)
+    notes = []
+    hits = sum(k in mapping for k in model_keys)
+    if prefix_note:
+        notes.append(f"checkpoint keys matched to the model's with a prefix: {prefix_note}")
+    if model_keys and hits * 2 < len(model_keys):
+        notes.append(f"only {hits} of the model's {len(model_keys)} state_dict keys were found in the checkpoint "
+                     f"{ckpt.weights_path}: is it the checkpoint of this model?")
+    for site, names, roles in per_site:
+        ws = _site_weights(ckpt, site, names, roles, mapping, library)
+        if ws is not None:
+            site.weights = ws
+    return notes
+
+
+def _site_weights(ckpt, site, names: list[str], roles: dict[str, str], mapping: dict[str, str],
+                  library: bool) -> Optional[WeightStats]:
+    if not names and not any(_fqn(site.module, lf) in mapping for lf in PROBE_LEAVES):
+        return None
+    matched = {n: mapping[_fqn(site.module, n)] for n in names if _fqn(site.module, n) in mapping}
+    extra = {lf: mapping[_fqn(site.module, lf)] for lf in PROBE_LEAVES
+             if lf not in names and _fqn(site.module, lf) in mapping}
+    missing = [n for n in names if n not in matched and n != "num_batches_tracked"]
+    renamed: dict[str, str] = {}
+    for n in list(missing):
+        role = roles.get(n)
+        if role not in ("gain", "bias"):
+            continue
+        leaves = ("weight", "gamma", "scale") if role == "gain" else ("bias", "beta")
+        for lf in leaves:
+            ck = extra.get(lf)
+            if ck is None or ck in renamed:
+                continue
+            if library and _LEGACY.get(lf) == n:
+                matched[n] = ck  # transformers renames LayerNorm.gamma/beta on load
+            else:
+                renamed[ck] = _fqn(site.module, n)
+            missing.remove(n)
+            del extra[lf]
+            break
+    unexpected = list(extra.values())
+    ckpt_keys = list(dict.fromkeys([*matched.values(), *renamed, *unexpected]))
+    ckpt_keys = [k for k in ckpt_keys if len(ckpt.shape(k)) <= 1]
+    gain_names = [n for n in names if roles.get(n) == "gain"]
+    bias_names = [n for n in names if roles.get(n) == "bias"]
+    gain_key = next((matched[n] for n in gain_names if n in matched),
+                    next((ck for ck, mk in renamed.items() if mk.rsplit(".", 1)[-1] in gain_names), None))
+    bias_key = next((matched[n] for n in bias_names if n in matched), None)
+    if ckpt_keys:
+        from normaudit.target.checkpoint import group_weight_stats
+
+        ws = group_weight_stats(ckpt, ckpt_keys, gain=gain_key, bias=bias_key)
+    else:
+        ws = WeightStats(source="checkpoint", keys=[], bias_present=False)
+    ws.missing = [_fqn(site.module, n) for n in missing]
+    ws.unexpected = unexpected
+    ws.renamed = renamed
+    return ws
