@@ -19,8 +19,9 @@ from normaudit.engine.loader import load_rules
 from normaudit.engine.schema import Rule
 from normaudit.errors import UsageError
 from normaudit.facts import FactContext, Facts, collect_facts
+from normaudit.facts.eps import ConfigSource
 from normaudit.facts.axes import parse_input_axes
-from normaudit.report import (SEVERITY_RANK, CaptureInfo, Finding, Report, SourceLocation, Summary,
+from normaudit.report import (SEVERITY_RANK, CaptureInfo, Finding, ModelFacts, Report, SourceLocation, Summary,
                               TargetInfo)
 from normaudit.suppress import filter_findings
 from normaudit.target.config import load_config, model_config
@@ -60,7 +61,34 @@ def _selected(rule: Rule, select: list[str], ignore: list[str]) -> bool:
 
 
 def build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule]) -> Report:
-    """Capture ``mua.model``, derive facts, evaluate ``rules`` and assemble the report."""
+    """Capture ``mua.model``, derive facts, evaluate ``rules`` and assemble the report.
+
+    The weights audited with the model are ``opts.checkpoint``, else those beside a Hugging Face
+    ``config.json`` the model was built from; a checkpoint given as the target itself is inspected alone
+    (:func:`checkpoint_only_report`).
+    """
+    from normaudit.target.checkpoint import open_checkpoint
+
+    if mua.kind == "checkpoint":
+        return checkpoint_only_report(opts, mua, rules)
+    path = checkpoint_path(opts, mua)
+    if path is None:
+        return _build_report(opts, mua, rules, None)
+    with open_checkpoint(path) as ckpt:
+        mua.notes = [n for n in mua.notes if not n.startswith("weights in the directory")]
+        return _build_report(opts, mua, rules, ckpt)
+
+
+def checkpoint_path(opts: AuditOptions, mua: ModelUnderAudit) -> Optional[str]:
+    """``--checkpoint``, else the directory of a Hugging Face ``config.json`` that has weights beside it."""
+    if opts.checkpoint:
+        return opts.checkpoint
+    if mua.kind == "hf_dir" and mua.weights and mua.file:
+        return str(Path(mua.file).parent)
+    return None
+
+
+def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule], ckpt: Any) -> Report:
     dtype = DTYPES[opts.dtype]
     inputs = mua.inputs
     assumed = mua.inputs_assumed
@@ -82,6 +110,11 @@ def build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule
         config, config_source, config_origin = load_config(opts.config), Path(opts.config).name, "cli"
     if opts.config_data is not None:
         config, config_source, config_origin = dict(opts.config_data), "the given config", "cli"
+    ckpt_config = checkpoint_config_source(ckpt, mua, own_config)
+    if ckpt_config is not None and config_origin != "cli":
+        config, config_source, config_origin = dict(ckpt_config.data), ckpt_config.source, ckpt_config.origin
+    config_sources = [s for s in (ConfigSource("cli", config_source, config) if config_origin == "cli" else None,
+                                  ckpt_config, own_config_source(mua.model, own_config)) if s is not None]
     declared = parse_input_axes(opts.input_axes) if opts.input_axes else None
     batch = opts.batch_size
     if batch is None:
@@ -91,12 +124,17 @@ def build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule
     # Capture turns a meta model into fake tensors in place; probes that run real numbers get an untouched
     # meta copy (free) or the user's real model (capture works on its own copy of a real model).
     probe_model = copy.deepcopy(mua.model) if mua.on_meta else mua.model
+    by_path = {name: mua.origins[id(m)] for name, m in mua.model.named_modules() if id(m) in mua.origins}
     cap = capture_model(mua.model, inputs, mua.on_meta, dtype)
-    options = {"dtype": opts.dtype, "batch_size": batch, "checkpoint": bool(opts.checkpoint),
+    # Capture works on its own copy of a real model: carry the construction lines over by module path.
+    origins = dict(mua.origins)
+    origins.update({id(cap.modules[n]): loc for n, loc in by_path.items() if n in cap.modules})
+    options = {"dtype": opts.dtype, "batch_size": batch, "checkpoint": ckpt is not None,
                "capture_method": cap.method, "train_error": cap.train_error, "probes": list(opts.probes),
-               "config_origin": config_origin}
-    ctx = FactContext(cap=cap, origins=mua.origins, input_axes=declared, options=options,
-                      probe_model=probe_model, inputs=inputs, config=config, config_source=config_source)
+               "config_origin": config_origin, "library_model": _library_config(mua.model)}
+    ctx = FactContext(cap=cap, origins=origins, input_axes=declared, options=options,
+                      probe_model=probe_model, inputs=inputs, config=config, config_source=config_source,
+                      config_sources=config_sources, checkpoint=ckpt)
     facts: Facts = collect_facts(ctx)
     sites = [r.site for r in facts.records]
     active = [r for r in rules.values() if _selected(r, opts.select, opts.ignore)]
@@ -124,9 +162,86 @@ def build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule
                       warnings=sum(f.severity == "warning" for f in findings),
                       infos=sum(f.severity == "info" for f in findings))
     target = TargetInfo(path=opts.target, kind=mua.kind, factory=mua.factory, config=opts.config,
-                        checkpoint=opts.checkpoint, dtype=opts.dtype, batch_size=batch)
+                        checkpoint=str(ckpt.path) if ckpt is not None else None, dtype=opts.dtype, batch_size=batch)
     return Report(version=__version__, target=target, capture=info, model=facts.model, sites=sites,
                   findings=findings, summary=summary, notes=notes)
+
+
+def _library_config(model: Any) -> bool:
+    """True when the model's ``config`` is a library's own (transformers ``PretrainedConfig``)."""
+    return type(getattr(model, "config", None)).__module__.split(".")[0] == "transformers"
+
+
+def own_config_source(model: Any, own_config: Optional[dict]) -> Optional[ConfigSource]:
+    """The model's own ``config`` attribute as a config source (origin ``library`` for transformers)."""
+    if not own_config:
+        return None
+    return ConfigSource("library" if _library_config(model) else "model", "the model's own config", dict(own_config))
+
+
+def checkpoint_config_source(ckpt: Any, mua: ModelUnderAudit, own_config: Optional[dict]) -> Optional[ConfigSource]:
+    """The config that came with the checkpoint, unless it is the very file the model was built from. Its origin
+    is ``library`` when the model is a transformers model and the config names the same ``model_type`` (the
+    library's code then decides which eps each norm keeps), else ``checkpoint``."""
+    if ckpt is None or not ckpt.config or not ckpt.config_source:
+        return None
+    where = ckpt.config_source
+    file_part = where.split(":__metadata__")[0]
+    if mua.file and Path(file_part).is_file() and Path(file_part).resolve() == Path(mua.file).resolve():
+        return None
+    library = (_library_config(mua.model) and bool(own_config)
+               and ckpt.config.get("model_type") == (own_config or {}).get("model_type"))
+    name = Path(file_part).name + where[len(file_part):]
+    return ConfigSource("library" if library else "checkpoint", f"{name} (with the checkpoint)", dict(ckpt.config))
+
+
+def checkpoint_only_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule]) -> Report:
+    """A checkpoint without model code: its norms found by key name and shape
+    (:func:`normaudit.target.checkpoint.inspect_norm_params`), each a site with ``weights``; kinds are guesses
+    and nothing is captured (``capture.method`` ``none``)."""
+    import math
+
+    from normaudit.target.checkpoint import inspect_norm_params, open_checkpoint
+
+    path = mua.file or opts.target
+    if opts.checkpoint and Path(opts.checkpoint).resolve() != Path(path).resolve():
+        raise UsageError("the target is a checkpoint already: give --checkpoint with a model target only",
+                         file=opts.checkpoint)
+    with open_checkpoint(path) as ckpt:
+        sites = [g.to_site() for g in inspect_norm_params(ckpt)]
+        config, config_source = dict(ckpt.config or {}), ckpt.config_source
+        num_parameters = sum(math.prod(ckpt.shape(k)) for k in ckpt.keys())
+        fmt, weights_path, tensors = ckpt.format, ckpt.weights_path, len(ckpt)
+    for s in sites:
+        s.extra["gain_form"] = "unknown"
+    model = ModelFacts(class_name="checkpoint only", num_parameters=num_parameters, config_source=config_source)
+    options = {"dtype": opts.dtype, "batch_size": opts.batch_size, "checkpoint": True, "capture_method": "none",
+               "train_error": None, "probes": [], "config_origin": "checkpoint" if config else None,
+               "library_model": False, "checkpoint_only": True}
+    # Without model code only the checkpoint's own facts exist: rules over eps, axes, placement or formulas
+    # would read facts that are unknown here, so only the checkpoint rules run.
+    active = [r for r in rules.values() if r.category == "checkpoint" and _selected(r, opts.select, opts.ignore)]
+    findings = evaluate(active, sites, model, config, config_source, options)
+    kept = filter_findings(findings, sites=sites, model=model, rules=rules, active=active,
+                           per_module_ignores=opts.per_module_ignores, config=config, config_source=config_source,
+                           options=options, target_file=None)
+    findings = kept.findings
+    findings.sort(key=lambda f: (-SEVERITY_RANK[f.severity], f.module, f.rule_id))
+    notes = [f"checkpoint only ({fmt}, {tensors} tensors, {weights_path}): no model code, so norms were found by "
+             "key name and shape, kinds are guesses, eps, axes and placement are unknown and only the checkpoint "
+             "rules ran; audit the model with --checkpoint for the rest"] + list(mua.notes) + kept.notes()
+    by_kind: dict[str, int] = {}
+    for s in sites:
+        by_kind[s.kind] = by_kind.get(s.kind, 0) + 1
+    summary = Summary(sites=len(sites), by_kind=by_kind,
+                      errors=sum(f.severity == "error" for f in findings),
+                      warnings=sum(f.severity == "warning" for f in findings),
+                      infos=sum(f.severity == "info" for f in findings))
+    target = TargetInfo(path=opts.target, kind="checkpoint", config=opts.config, checkpoint=str(path),
+                        dtype=opts.dtype, batch_size=opts.batch_size)
+    info = CaptureInfo(method="none", complete=False, fake_tensors=False)
+    return Report(version=__version__, target=target, capture=info, model=model, sites=sites, findings=findings,
+                  summary=summary, notes=notes)
 
 
 def _describe_inputs(inputs: Any) -> list[str]:
