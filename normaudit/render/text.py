@@ -41,6 +41,45 @@ def _site_row(s: Site) -> list[str]:
             s.compute_dtype or "-"]
 
 
+def _num(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def _weights_row(s: Site) -> list[str]:
+    w = s.weights
+    assert w is not None
+    module = s.module or "<root>"
+    if s.call_index:
+        module += f" #{s.call_index + 1}"
+    shape = "x".join(map(str, w.shape)) if w.shape else "-"
+    neg = "-" if w.gain_negative_fraction is None else f"{w.gain_negative_fraction:.0%}"
+    keys = []
+    if w.missing:
+        keys.append("missing " + ",".join(k.rsplit(".", 1)[-1] for k in w.missing))
+    if w.renamed:
+        keys.append("renamed " + ",".join(f"{a.rsplit('.', 1)[-1]}->{b.rsplit('.', 1)[-1]}" for a, b in w.renamed.items()))
+    if w.unexpected:
+        keys.append("extra " + ",".join(k.rsplit(".", 1)[-1] for k in w.unexpected))
+    return [module, s.kind, shape, w.dtype or "-", _num(w.gain_mean), _num(w.gain_std), _num(w.gain_min),
+            _num(w.gain_max), neg, {True: "yes", False: "no", None: "-"}[w.bias_present], str(w.nonfinite),
+            w.running_state or "-", "; ".join(keys) or "ok"]
+
+
+def _weights_section(report: Report) -> list[str]:
+    """The norm parameters read from a checkpoint (one row per site with ``weights``)."""
+    rows = [_weights_row(s) for s in report.sites if s.weights is not None]
+    if not rows:
+        return []
+    where = report.target.checkpoint or report.target.path
+    out = ["", f"norm parameters in the checkpoint ({where}):"]
+    header = ["module", "kind", "shape", "dtype", "gain mean", "std", "min", "max", "<0", "bias", "non-finite",
+              "running stats", "keys"]
+    if report.capture.method == "none":  # no model to compare keys with
+        header, rows = header[:-1], [r[:-1] for r in rows]
+    out += _table(rows, header)
+    return out
+
+
 def render(report: Report, rules=None) -> str:
     """The human-readable report."""
     lines: list[str] = []
@@ -48,6 +87,8 @@ def render(report: Report, rules=None) -> str:
     cap = report.capture
     lines.append(f"normaudit {report.version}: {t.path}  ({report.model.class_name}, dtype {t.dtype})")
     how = f"captured with {cap.method}" if cap.complete else "capture FAILED: norms found by walking modules"
+    if cap.method == "none":
+        how = "checkpoint inspected without model code: norms found by key name and shape, kinds guessed"
     failed = [a for a in cap.attempts if not a.ok]
     if failed and cap.complete:
         how += " (" + "; ".join(f"{a.method} failed: {a.error}" for a in failed) + ")"
@@ -57,8 +98,9 @@ def render(report: Report, rules=None) -> str:
     lines.append("")
     rows = [_site_row(s) for s in report.sites]
     lines.append(f"{len(report.sites)} normalisation site(s)")
-    if rows:
+    if rows and cap.method != "none":
         lines += _table(rows, ["module", "kind", "class", "eps", "axes", "placement", "stats dtype"])
+    lines += _weights_section(report)
     formulas = {}
     for s in report.sites:
         if s.formula is not None and s.formula.text:
