@@ -1,13 +1,25 @@
 """Command line (CONTRACT.md):
 
-    normaudit TARGET [--config PATH] [--checkpoint PATH] [--dtype float32|float16|bfloat16]
-                     [--batch-size N] [--format FMT] [-o FILE] [--fail-on error|warning|info|never]
+    normaudit [TARGET ...] [--config PATH] [--checkpoint PATH] [--dtype float32|float16|bfloat16]
+                     [--batch-size N] [--format FMT [-o FILE]]... [--fail-on error|warning|info|never]
                      [--select IDS] [--ignore IDS] [--rules DIR] [--input-axes B,C,H,W]
+                     [--baseline FILE] [--write-baseline FILE] [--settings FILE] [--isolated]
     normaudit rules              list the rules
     normaudit explain ID         print one rule's documentation
     normaudit schema             print the JSON schema of the report
 
-Exit status: 0 no finding at or above --fail-on, 1 such findings, 2 bad input or usage, 3 internal error.
+TARGET: ``model.py[:factory]``, ``package.module:factory``, a directory with a Hugging Face ``config.json``
+or a bare ``config.json``. Without TARGET the ``targets`` of the settings file (``[tool.normaudit]`` in
+``pyproject.toml`` or ``normaudit.toml``, see :mod:`normaudit.settings`) are audited; flags override the
+settings.
+
+Outputs: each ``-o FILE`` belongs to the ``--format`` just before it (or, given first, the next one); a
+format without ``-o`` goes to stdout, and at most one may. With several targets, ``json`` is one document
+``{"tool", "version", "reports": [...], "errors": [...], "summary"}``; with one target it is exactly the
+report object of CONTRACT.md. ``sarif`` merges the targets' runs into one log.
+
+Exit status: 0 no finding at or above --fail-on, 1 such findings, 2 bad input or usage, 3 internal error;
+with several targets, the worst over the targets. ``--write-baseline`` exits 0 once the file is written.
 """
 from __future__ import annotations
 
@@ -15,50 +27,103 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
-from typing import Optional, Sequence
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
 
 from normaudit import __version__
 from normaudit.errors import UsageError
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+FORMATS = ["text", "json", "sarif", "github", "markdown"]
 
 
 def _ids(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+class _OutputAction(argparse.Action):
+    """Records ``--format`` and ``-o`` in command-line order, so each ``-o`` pairs with its own format."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        seq = list(getattr(namespace, "output_sequence", None) or [])
+        seq.append((self.dest, values))
+        namespace.output_sequence = seq
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr and exit status 2 (via UsageError)."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
 def audit_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="normaudit", description="Audit the normalisation layers of a PyTorch model.",
-                                epilog="Other commands: 'normaudit rules', 'normaudit explain ID', 'normaudit schema'.")
-    p.add_argument("target", help="model.py[:factory], a Hugging Face model directory or config.json, or a checkpoint")
+    """The parser of the audit command (``normaudit [TARGET ...] [options]``)."""
+    p = _Parser(prog="normaudit", description="Audit the normalisation layers of a PyTorch model.",
+                epilog="Other commands: 'normaudit rules', 'normaudit explain ID', 'normaudit schema'. "
+                       "Settings: [tool.normaudit] in pyproject.toml or normaudit.toml, found from the current "
+                       "directory upward; flags override them.")
+    p.add_argument("targets", nargs="*", metavar="TARGET",
+                   help="model.py[:factory], package.module:factory, a Hugging Face model directory or config.json "
+                        "(default: 'targets' from the settings file)")
     p.add_argument("--config", help="the configuration the model is meant to follow (JSON or YAML)")
     p.add_argument("--checkpoint", help="weights to audit together with the model")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
-                   help="the precision the model will train or run in")
-    p.add_argument("--batch-size", type=int, help="the per-device training micro-batch")
-    p.add_argument("--format", action="append", choices=["text", "json", "sarif", "github", "markdown"],
-                   help="output format; repeat with -o to write several formats in one run")
-    p.add_argument("-o", "--output", action="append", help="write to FILE instead of stdout (pairs with --format)")
-    p.add_argument("--fail-on", default="error", choices=["error", "warning", "info", "never"])
-    p.add_argument("--select", type=_ids, default=[], help="comma-separated rule ids, id prefixes or categories")
-    p.add_argument("--ignore", type=_ids, default=[], help="comma-separated rule ids, id prefixes or categories")
-    p.add_argument("--rules", action="append", default=[], metavar="DIR", help="a directory of extra rule files")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"],
+                   help="the precision the model will train or run in (default float32)")
+    p.add_argument("--batch-size", type=_positive_int, help="the per-device training micro-batch")
+    p.add_argument("--format", dest="format", action=_OutputAction, choices=FORMATS,
+                   help="output format (default text); repeat, each with its own -o, to write several in one run")
+    p.add_argument("-o", "--output", dest="output", action=_OutputAction, metavar="FILE",
+                   help="write the preceding --format to FILE instead of stdout")
+    p.add_argument("--fail-on", choices=["error", "warning", "info", "never"],
+                   help="lowest severity that makes the exit status 1 (default error)")
+    p.add_argument("--select", type=_ids, help="comma-separated rule ids, id prefixes, names or categories")
+    p.add_argument("--ignore", type=_ids, help="comma-separated rule ids, id prefixes, names or categories")
+    p.add_argument("--rules", action="append", metavar="DIR", help="a directory of extra rule files")
     p.add_argument("--input-axes", help="axes of the first input, e.g. B,C,H,W or batch,sequence")
     p.add_argument("--probe", action="append", default=[], choices=["batch"],
                    help="opt-in dynamic probe on a small real copy of the model: 'batch' checks that each "
                         "norm's output for one example does not depend on the other examples")
+    p.add_argument("--baseline", metavar="FILE", help="report only findings not recorded in this baseline")
+    p.add_argument("--write-baseline", metavar="FILE", help="record the current findings as the baseline")
+    p.add_argument("--settings", metavar="FILE", help="the normaudit settings file (default: normaudit.toml or "
+                   "pyproject.toml [tool.normaudit] from the current directory upward)")
+    p.add_argument("--isolated", action="store_true", help="ignore every settings file")
     p.add_argument("--version", action="version", version=f"normaudit {__version__}")
+    p.set_defaults(output_sequence=[])
     return p
+
+
+# ------------------------------------------------------------------------------------------ other commands
+def _settings_rules(argv_rules: Optional[list[str]]) -> list[str]:
+    if argv_rules:
+        return argv_rules
+    from normaudit.settings import discover_settings
+
+    return discover_settings().rules
 
 
 def _cmd_rules(argv: Sequence[str]) -> int:
     from normaudit.engine.loader import load_rules
 
-    p = argparse.ArgumentParser(prog="normaudit rules", description="List the rules.")
-    p.add_argument("--rules", action="append", default=[], metavar="DIR")
+    p = _Parser(prog="normaudit rules", description="List the rules.")
+    p.add_argument("--rules", action="append", metavar="DIR")
     args = p.parse_args(argv)
-    rules = load_rules(args.rules)
+    rules = load_rules(_settings_rules(args.rules))
     width = max((len(r.name) for r in rules.values()), default=0)
     for rule in sorted(rules.values(), key=lambda r: r.id):
         print(f"{rule.id}  {rule.name.ljust(width)}  {rule.category:<10} {rule.severity:<8} {rule.doc.what.splitlines()[0]}")
@@ -68,11 +133,11 @@ def _cmd_rules(argv: Sequence[str]) -> int:
 def _cmd_explain(argv: Sequence[str]) -> int:
     from normaudit.engine.loader import load_rules
 
-    p = argparse.ArgumentParser(prog="normaudit explain", description="Print one rule's documentation.")
+    p = _Parser(prog="normaudit explain", description="Print one rule's documentation.")
     p.add_argument("rule_id")
-    p.add_argument("--rules", action="append", default=[], metavar="DIR")
+    p.add_argument("--rules", action="append", metavar="DIR")
     args = p.parse_args(argv)
-    rules = load_rules(args.rules)
+    rules = load_rules(_settings_rules(args.rules))
     key = args.rule_id.strip()
     rule = rules.get(key.upper()) or next((r for r in rules.values() if r.name == key), None)
     if rule is None:
@@ -91,51 +156,333 @@ def _cmd_explain(argv: Sequence[str]) -> int:
 def _cmd_schema(argv: Sequence[str]) -> int:
     from normaudit.report import Report
 
+    p = _Parser(prog="normaudit schema", description="Print the JSON schema of the report (--format json).")
+    p.parse_args(argv)
     print(json.dumps(Report.model_json_schema(), indent=2))
     return EXIT_OK
 
 
+# ------------------------------------------------------------------------------------------------- outputs
+@dataclass
+class OutputSpec:
+    """One rendering of the run: a format and where it goes (None: stdout)."""
+
+    fmt: str
+    path: Optional[str] = None
+
+
+def plan_outputs(sequence: Sequence[tuple[str, str]]) -> list[OutputSpec]:
+    """Pair ``--format``/``-o`` options given in ``sequence`` order (``("format"|"output", value)``).
+
+    Each ``-o`` belongs to the closest ``--format`` before it that has no file yet, or, when given before
+    any such format, to the next ``--format``; a lone ``-o FILE`` writes the default text format. Formats
+    without a file go to stdout (``-o -`` too); at most one output may. Raises UsageError otherwise.
+
+    >>> [(o.fmt, o.path) for o in plan_outputs([("format", "json"), ("output", "a.json"), ("format", "text")])]
+    [('json', 'a.json'), ('text', None)]
+    """
+    specs: list[OutputSpec] = []
+    pending: list[str] = []
+    paired: list[bool] = []
+    for kind, value in sequence:
+        if kind == "format":
+            specs.append(OutputSpec(value, pending.pop(0) if pending else None))
+            paired.append(specs[-1].path is not None)
+        elif specs and not paired[-1]:
+            specs[-1].path = value
+            paired[-1] = True
+        else:
+            pending.append(value)
+    if pending:
+        if specs:
+            raise UsageError(f"-o {pending[0]} has no --format of its own: give one --format per -o")
+        if len(pending) > 1:
+            raise UsageError(f"several -o files ({', '.join(pending)}) but no --format: give one --format per -o")
+        specs.append(OutputSpec("text", pending[0]))
+    if not specs:
+        specs.append(OutputSpec("text", None))
+    for spec in specs:
+        if spec.path == "-":
+            spec.path = None
+    to_stdout = [s.fmt for s in specs if s.path is None]
+    if len(to_stdout) > 1:
+        raise UsageError(f"several formats would go to stdout ({', '.join(to_stdout)}): give all but one an -o FILE")
+    files = [s.path for s in specs if s.path is not None]
+    dup = next((f for f in files if files.count(f) > 1), None)
+    if dup is not None:
+        raise UsageError("the same -o file is given twice", file=dup)
+    return specs
+
+
+def check_writable(path: str, what: str = "output") -> None:
+    """Raise UsageError unless ``path`` can be created or overwritten (checked before the audit runs)."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"cannot write {what}: is a directory", file=path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"cannot write {what}: directory {str(parent)!r} does not exist", file=path)
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError(f"cannot write {what}: permission denied", file=path)
+
+
 def _write(text: str, path: Optional[str]) -> None:
-    if path is None or path == "-":
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    text = text if text.endswith("\n") or not text else text + "\n"
+    if path is None:
+        sys.stdout.write(text)
         sys.stdout.flush()
         return
     try:
         with open(path, "w", encoding="utf-8") as fh:
-            fh.write(text if text.endswith("\n") else text + "\n")
+            fh.write(text)
     except OSError as err:
-        raise UsageError(f"cannot write output: {err.strerror}", file=path) from err
+        raise UsageError(f"cannot write output: {err.strerror or err}", file=path) from err
+
+
+@dataclass
+class TargetResult:
+    """The outcome of auditing one target: a report, or the exit status and message of its failure."""
+
+    target: str
+    report: Any = None
+    status: int = EXIT_OK
+    error: Optional[str] = None
+
+
+def render_results(fmt: str, results: list[TargetResult], rules: dict, multi: bool) -> str:
+    """Render the results of a run in one format: one target exactly as its renderer does; several as one
+    document (``json``: an object with ``reports``; ``sarif``: one log with a run per target)."""
+    from normaudit.render import get_renderer
+
+    render = get_renderer(fmt)
+    done = [r for r in results if r.report is not None]
+    if not multi:
+        return render(done[0].report, rules) if done else ""
+    errors = [{"target": r.target, "status": r.status, "message": r.error} for r in results if r.report is None]
+    if fmt == "json":
+        reports = [json.loads(render(r.report, rules)) for r in done]
+        summary = {"targets": len(results), "failed": len(errors),
+                   "errors": sum(r.report.summary.errors for r in done),
+                   "warnings": sum(r.report.summary.warnings for r in done),
+                   "infos": sum(r.report.summary.infos for r in done)}
+        doc = {"tool": "normaudit", "version": __version__, "reports": reports, "errors": errors, "summary": summary}
+        return json.dumps(doc, indent=2)
+    if fmt == "sarif":
+        logs = [json.loads(render(r.report, rules)) for r in done]
+        if not logs:
+            return json.dumps({"version": "2.1.0", "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+                               "runs": []}, indent=2)
+        merged = logs[0]
+        merged["runs"] = [run for log in logs for run in log.get("runs", [])]
+        return json.dumps(merged, indent=2, ensure_ascii=False)
+    parts = [render(r.report, rules) for r in done]
+    if fmt == "github":
+        from normaudit.render.github import escape_data, escape_property
+
+        parts += [f"::error title={escape_property('normaudit ' + e['target'])}::{escape_data(e['message'] or '')}\n"
+                  for e in errors]
+        return "".join(parts)
+    sep = "\n---\n\n" if fmt == "markdown" else "\n"
+    text = sep.join(p.rstrip("\n") + "\n" for p in parts)
+    if fmt == "text":
+        totals = [sum(getattr(r.report.summary, k) for r in done) for k in ("errors", "warnings", "infos")]
+        text += (f"\n{len(results)} targets ({len(errors)} failed): {totals[0]} error(s), {totals[1]} warning(s), "
+                 f"{totals[2]} info\n")
+    return text
+
+
+# --------------------------------------------------------------------------------------------------- audit
+def _stderr_is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _check_selectors(patterns: list[str], rules: dict, option: str, settings: Any = None, key: str = "") -> None:
+    """Raise UsageError for a selector that matches no rule (a typo would otherwise select nothing)."""
+    from typing import get_args
+
+    from normaudit.report import Category
+
+    categories = set(get_args(Category))
+    for p in patterns:
+        if p in categories or any(r.id.startswith(p) or r.name == p for r in rules.values()):
+            continue
+        msg = f"{option}: {p!r} matches no rule id, id prefix, rule name or category ('normaudit rules' lists them)"
+        if settings is not None and settings.source is not None:
+            raise UsageError(msg, file=str(settings.source), line=settings.line_of(key))
+        raise UsageError(msg)
+
+
+@dataclass
+class _Plan:
+    targets: list[Any]
+    fail_on: str
+    baseline: Optional[str]
+    per_module_ignores: dict[str, list[str]] = field(default_factory=dict)
+
+
+def _target_options(t: Any, args: argparse.Namespace, settings: Any, rules_dirs: list[str]):
+    from normaudit.audit import AuditOptions
+    from normaudit.settings import TargetSettings
+
+    spec = t if isinstance(t, TargetSettings) else TargetSettings(path=str(t))
+    return AuditOptions(
+        target=spec.path,
+        config=args.config or spec.config or settings.config,
+        checkpoint=args.checkpoint or spec.checkpoint,
+        dtype=args.dtype or spec.dtype or settings.dtype or "float32",
+        batch_size=args.batch_size or spec.batch_size or settings.batch_size,
+        rules_dirs=rules_dirs,
+        select=args.select if args.select is not None else list(settings.select or []),
+        ignore=args.ignore if args.ignore is not None else list(settings.ignore or []),
+        input_axes=args.input_axes or spec.input_axes or settings.input_axes,
+        probes=list(args.probe),
+        per_module_ignores=dict(settings.per_module_ignores))
+
+
+def _preflight(opts: Any) -> None:
+    """Cheap checks of one target's options, before any model is built (bad input fails fast)."""
+    from normaudit.target.config import load_config
+
+    if opts.config:
+        load_config(opts.config)
+    if opts.checkpoint and not Path(opts.checkpoint).exists():
+        raise UsageError("checkpoint not found", file=opts.checkpoint)
+
+
+def _user_rule_file(rule_id: str, dirs: list[str]) -> Optional[str]:
+    from normaudit.engine.loader import load_rule_file
+
+    for d in dirs:
+        for path in sorted(Path(d).rglob("*.yaml")):
+            with contextlib.suppress(UsageError):
+                if load_rule_file(path).id == rule_id:
+                    return str(path)
+    return None
+
+
+def _audit_one(opts: Any, rules: dict, baseline: Any, baseline_base: Path) -> Any:
+    from normaudit.audit import run_audit
+    from normaudit.baseline import apply_baseline
+    from normaudit.engine.evaluator import RuleError
+
+    try:
+        report = run_audit(opts, rules)
+    except RuleError as err:
+        m = re.match(r"rule (N[A-Z]\d{3}) ", str(err))
+        path = _user_rule_file(m.group(1), opts.rules_dirs) if m else None
+        if path is None:
+            raise
+        raise UsageError(f"{err}", file=path) from err
+    if baseline is not None:
+        report = apply_baseline(report, baseline, baseline_base)
+    return report
 
 
 def _cmd_audit(argv: Sequence[str]) -> int:
-    from normaudit.audit import AuditOptions, exit_status, run_audit
+    from normaudit.audit import exit_status
+    from normaudit.baseline import baseline_dir, load_baseline, write_baseline
     from normaudit.engine.loader import load_rules
-    from normaudit.render import get_renderer
+    from normaudit.settings import discover_settings
+    from normaudit.target.hf import set_offline
 
-    args = audit_parser().parse_args(argv)
-    formats = args.format or ["text"]
-    outputs = args.output or []
-    if len(outputs) > len(formats):
-        raise UsageError("more -o files than --format options: give one --format per -o")
-    opts = AuditOptions(target=args.target, config=args.config, checkpoint=args.checkpoint, dtype=args.dtype,
-                        batch_size=args.batch_size, rules_dirs=args.rules, select=args.select,
-                        ignore=args.ignore, input_axes=args.input_axes, probes=args.probe)
-    rules = load_rules(opts.rules_dirs)
-    # User code may print; keep stdout for the report alone.
+    set_offline()  # never touch the network (Hugging Face targets)
+    args = audit_parser().parse_intermixed_args(argv)
+    outputs = plan_outputs(args.output_sequence)
+    settings = discover_settings(args.settings, args.isolated)
+    targets: list[Any] = list(args.targets) or list(settings.targets)
+    if not targets:
+        raise UsageError("no TARGET given, and no 'targets' in a settings file ([tool.normaudit] in pyproject.toml "
+                         "or normaudit.toml); try 'normaudit model.py'")
+    if args.targets and settings.targets:  # a named target keeps its own options from the settings
+        from normaudit.settings import TargetSettings
+
+        tables = {os.path.normpath(t.path): t for t in settings.targets if isinstance(t, TargetSettings)}
+        targets = [tables.get(os.path.normpath(t), t) for t in targets]
+    for spec in outputs:
+        if spec.path is not None:
+            check_writable(spec.path)
+    if args.write_baseline:
+        check_writable(args.write_baseline, "baseline")
+    rules_dirs = args.rules if args.rules is not None else list(settings.rules)
+    rules = load_rules(rules_dirs)
+    plan_opts = [_target_options(t, args, settings, rules_dirs) for t in targets]
+    first = plan_opts[0]
+    for name, flag in (("select", args.select), ("ignore", args.ignore)):
+        if flag is not None:
+            _check_selectors(flag, rules, f"--{name}")
+        else:
+            _check_selectors(getattr(first, name), rules, name, settings, name)
+    for glob, codes in settings.per_module_ignores.items():
+        _check_selectors(codes, rules, f"per-module-ignores {glob!r}", settings, glob)
+    if args.input_axes:
+        from normaudit.facts.axes import parse_input_axes
+
+        try:
+            parse_input_axes(args.input_axes)
+        except ValueError as err:
+            raise UsageError(f"--input-axes {args.input_axes!r}: {err}") from None
+    for opts in plan_opts:
+        _preflight(opts)
+    fail_on = args.fail_on or settings.fail_on or "error"
+    baseline_path = args.baseline or settings.baseline
+    baseline = None
+    if baseline_path and not args.write_baseline:
+        baseline = load_baseline(baseline_path)
+    base = baseline_dir(baseline_path)
+
+    multi = len(plan_opts) > 1
+    progress = multi and _stderr_is_tty()
+    results: list[TargetResult] = []
+    debug = bool(os.environ.get("NORMAUDIT_DEBUG"))
+    for i, opts in enumerate(plan_opts, 1):
+        if progress:
+            print(f"normaudit: [{i}/{len(plan_opts)}] {opts.target} ...", end=" ", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        result = TargetResult(target=opts.target)
+        try:
+            # User code may print; keep stdout for the report alone.
+            with contextlib.redirect_stdout(sys.stderr):
+                result.report = _audit_one(opts, rules, baseline, base)
+            result.status = exit_status(result.report, fail_on)
+        except UsageError as err:
+            if not multi:
+                raise
+            result.status, result.error = EXIT_USAGE, str(err)
+        except Exception as exc:  # noqa: BLE001 - one target's internal error must not hide the others
+            if not multi or debug:
+                raise
+            text = " ".join(str(exc).split())[:500]
+            result.status, result.error = EXIT_INTERNAL, f"internal error: {type(exc).__name__}: {text}"
+        results.append(result)
+        if progress:
+            r = result.report
+            what = (f"{r.summary.errors} error(s), {r.summary.warnings} warning(s), {r.summary.infos} info"
+                    if r is not None else "failed")
+            print(f"{what} ({time.monotonic() - started:.1f}s)", file=sys.stderr, flush=True)
+        if result.error:
+            print(f"normaudit: error: {result.error}", file=sys.stderr)
+
     with contextlib.redirect_stdout(sys.stderr):
-        report = run_audit(opts, rules)
-        rendered = [(get_renderer(fmt)(report, rules), outputs[i] if i < len(outputs) else None)
-                    for i, fmt in enumerate(formats)]
+        rendered = [(render_results(spec.fmt, results, rules, multi), spec.path) for spec in outputs]
     for text, path in rendered:
         _write(text, path)
-    return exit_status(report, args.fail_on)
+    status = max(r.status for r in results)
+    if args.write_baseline:
+        n = write_baseline(args.write_baseline, [r.report for r in results if r.report is not None])
+        print(f"normaudit: wrote {n} finding(s) to the baseline {args.write_baseline}", file=sys.stderr)
+        if status == EXIT_FINDINGS:
+            status = EXIT_OK
+    return status
 
 
 COMMANDS = {"rules": _cmd_rules, "explain": _cmd_explain, "schema": _cmd_schema}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of the ``normaudit`` command; returns the exit status."""
+    """Entry point of the ``normaudit`` command; returns the exit status (0, 1, 2 or 3, see CONTRACT.md)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in COMMANDS and not os.path.exists(argv[0]):
@@ -147,7 +494,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("normaudit: interrupted", file=sys.stderr)
         return 130
-    except SystemExit as exc:  # argparse
+    except SystemExit as exc:  # argparse --help/--version
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
     except Exception as exc:  # noqa: BLE001 - CONTRACT: internal errors are exit 3, one line
         if os.environ.get("NORMAUDIT_DEBUG"):

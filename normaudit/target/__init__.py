@@ -1,18 +1,40 @@
-"""Target loading: turn what the user names (a model .py file, later HF directories and checkpoints) into
-a model ready to capture. Each target kind has its own module; :func:`load_model` dispatches."""
+"""Target loading: turn what the user names into a model ready to capture. Each target kind has its own
+module; :func:`load_model` dispatches on the target's shape:
+
+- ``model.py`` / ``model.py:factory`` (or an existing extension-less file): :mod:`normaudit.target.pyfile`;
+- ``package.module:factory`` (or ``package.module``, factory ``build_model``), importable from the
+  current directory or the environment: :func:`load_module_target`;
+- a directory holding ``config.json``, or a bare ``*.json`` config: :mod:`normaudit.target.hf`;
+- a checkpoint (``.safetensors``, ``.pt``, ``.pth``, ``.bin``, ``.ckpt``, ``*.index.json``, or a
+  directory of weights without ``config.json``): :func:`load_checkpoint_target`.
+"""
 from __future__ import annotations
 
+import contextlib
+import importlib
+import importlib.util
+import os
+import re
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from torch import nn
 
 from normaudit.errors import UsageError
 
+CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt")
+_MODULE_SPEC = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*)(?::([A-Za-z_]\w*))?$")
+
 
 @dataclass
 class ModelUnderAudit:
-    """A model ready to capture, from whatever target kind produced it."""
+    """A model ready to capture, from whatever target kind produced it.
+
+    ``file`` is the file the model came from (the model's .py file, or the ``config.json``); ``weights``
+    names weight files found beside a Hugging Face config (recorded, not read); ``notes`` go into the report.
+    """
 
     model: nn.Module
     inputs: Any
@@ -21,19 +43,136 @@ class ModelUnderAudit:
     factory: Optional[str] = None
     origins: dict = field(default_factory=dict)
     inputs_assumed: Optional[str] = None
+    file: Optional[str] = None
+    weights: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def is_checkpoint_path(path: Path) -> bool:
+    """True for a checkpoint file name (``.safetensors``, ``.pt``, ``.pth``, ``.bin``, ``.ckpt``, a sharded
+    ``*.index.json``) or a directory of weights without a ``config.json``."""
+    name = path.name.lower()
+    if name.endswith(".index.json") or path.suffix.lower() in CHECKPOINT_SUFFIXES:
+        return True
+    if path.is_dir() and not (path / "config.json").is_file():
+        from normaudit.target.hf import weight_files
+
+        return bool(weight_files(path))
+    return False
+
+
+def load_checkpoint_target(path: Path) -> ModelUnderAudit:
+    """Checkpoint-only targets (no model code): :func:`normaudit.target.checkpoint.checkpoint_target`."""
+    from normaudit.target.checkpoint import checkpoint_target
+
+    return checkpoint_target(path)
 
 
 def load_model(target: str) -> ModelUnderAudit:
-    """Build the model named by ``target``. Raises UsageError for bad targets."""
+    """Build the model named by ``target`` (see the module docstring). Raises UsageError for bad targets."""
     from normaudit.target.pyfile import load_python_target, split_target
 
     path, _ = split_target(target)
+    if path.suffix == ".py" and not path.exists():
+        raise UsageError("no such file or directory", file=str(path))
     if path.suffix == ".py" or (path.is_file() and path.suffix == ""):
         loaded = load_python_target(target)
         return ModelUnderAudit(model=loaded.model, inputs=loaded.inputs, on_meta=loaded.on_meta, kind="python",
-                               factory=loaded.factory, origins=loaded.origins)
-    if not path.exists():
-        raise UsageError("no such file or directory", file=str(path))
-    raise UsageError("unsupported target: give a model .py file (model.py or model.py:factory)", file=str(path))
+                               factory=loaded.factory, origins=loaded.origins, file=loaded.file)
+    if path.exists():
+        if is_checkpoint_path(path):
+            return load_checkpoint_target(path)
+        if path.is_dir() or path.suffix.lower() == ".json":
+            from normaudit.target.hf import load_hf_target
+
+            return load_hf_target(path)
+        raise UsageError("unsupported target: give a model .py file (model.py or model.py:factory), a directory "
+                         "with a Hugging Face config.json, a config.json, or package.module:factory", file=str(path))
+    m = _MODULE_SPEC.match(target)
+    if m and (":" in target or "." in target) and "/" not in target and "\\" not in target:
+        return load_module_target(m.group(1), m.group(2) or "build_model")
+    raise UsageError("no such file or directory", file=str(path))
 
 
+@contextlib.contextmanager
+def _cwd_on_path():
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        if added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(cwd)
+
+
+def load_module_target(module_name: str, factory: str) -> ModelUnderAudit:
+    """Import ``module_name`` (from the current directory or the environment) and call ``factory()`` as for a
+    model file: on the meta device where possible, with an optional ``example_inputs()`` in the module.
+
+    Nothing is written into the user's tree (no ``__pycache__``). Raises UsageError when the module cannot be
+    found or imported, or the factory is missing or fails.
+    """
+    from normaudit.target.pyfile import _call, _has_meta_mixed, record_origins, user_error
+
+    old = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
+    try:
+        with _cwd_on_path():
+            try:
+                spec = importlib.util.find_spec(module_name)
+            except (ImportError, ValueError) as err:
+                spec = None
+                reason = f"{type(err).__name__}: {err}"
+            else:
+                reason = f"no module named {module_name!r}"
+            if spec is None:
+                raise UsageError(f"no such file, and no importable module {module_name!r} ({reason})",
+                                 file=module_name)
+            origin = Path(spec.origin) if spec.origin and spec.origin not in ("built-in", "frozen") else None
+            try:
+                module = importlib.import_module(module_name)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - user code may raise anything
+                if origin is None:
+                    raise UsageError(f"import failed: {type(exc).__name__}: {exc}", file=module_name) from exc
+                raise user_error(exc, origin, "import failed") from exc
+    finally:
+        sys.dont_write_bytecode = old
+    where = Path(getattr(module, "__file__", None) or module_name)
+    fn = getattr(module, factory, None)
+    if fn is None or not callable(fn):
+        raise UsageError(f"no callable {factory}() in module {module_name} (define one, or name it as "
+                         f"{module_name}:NAME)", file=str(where))
+    origins: dict = {}
+    on_meta = True
+    try:
+        with record_origins(origins):
+            model = _call(fn, where, f"{factory}() failed", meta=True)
+        if isinstance(model, nn.Module) and _has_meta_mixed(model):
+            raise RuntimeError("meta build mixed devices")
+    except (UsageError, RuntimeError):
+        on_meta = False
+        origins.clear()
+        with record_origins(origins):
+            model = _call(fn, where, f"{factory}() failed", meta=False)
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"{factory}() returned {type(model).__name__}, not a torch.nn.Module", file=str(where))
+    inputs = None
+    ex = getattr(module, "example_inputs", None)
+    if callable(ex):
+        import torch
+
+        inputs = _call(ex, where, "example_inputs() failed", meta=False)
+        if isinstance(inputs, torch.Tensor):
+            inputs = (inputs,)
+        if isinstance(inputs, list):
+            inputs = tuple(inputs)
+        if not isinstance(inputs, (tuple, dict)):
+            raise UsageError(f"example_inputs() returned {type(inputs).__name__}; return a tuple or a dict",
+                             file=str(where))
+    return ModelUnderAudit(model=model, inputs=inputs, on_meta=on_meta, kind="python",
+                           factory=f"{module_name}:{factory}", origins=origins, file=str(where.resolve()))

@@ -1,0 +1,275 @@
+"""Project settings: ``[tool.normaudit]`` in ``pyproject.toml``, or a ``normaudit.toml``.
+
+The settings file is found from the current directory upward: in each directory ``normaudit.toml``
+(keys at the top level) wins over ``pyproject.toml`` (keys under ``[tool.normaudit]``; a
+``pyproject.toml`` without that table is skipped and the search goes on upward). ``--settings FILE``
+names the file explicitly and ``--isolated`` ignores every settings file. Command-line flags override
+the file. Example::
+
+    [tool.normaudit]
+    targets = ["models/gpt.py", {path = "models/unet.py", input-axes = "B,C,H,W"}]
+    select = ["NE", "NL"]
+    ignore = ["NL103"]
+    per-module-ignores = {"encoder.layers.*" = ["NE101"]}
+    fail-on = "warning"
+    dtype = "bfloat16"
+    batch-size = 4
+    rules = ["tools/normaudit-rules"]
+    config = "configs/model.yaml"
+    baseline = "normaudit-baseline.json"
+
+Relative paths (``targets``, ``rules``, ``config``, ``baseline``, a target's ``config``/``checkpoint``)
+are relative to the directory of the settings file. An unknown key, a wrong type or a TOML syntax error
+is a :class:`~normaudit.errors.UsageError` naming the file, the line and the key.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, ValidationError, field_validator
+
+from normaudit.errors import UsageError
+
+try:  # Python >= 3.11
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+SETTINGS_FILES = ("normaudit.toml", ".normaudit.toml")
+Dtype = Literal["float32", "float16", "bfloat16"]
+FailOn = Literal["error", "warning", "info", "never"]
+
+
+def _check_axes(value: Optional[str]) -> Optional[str]:
+    if value is not None:
+        from normaudit.facts.axes import parse_input_axes
+
+        parse_input_axes(value)  # ValueError -> a validation error naming the key
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=False, frozen=False)
+
+
+class TargetSettings(_Strict):
+    """One entry of ``targets`` written as a table: a target with its own options."""
+
+    path: str
+    config: Optional[str] = None
+    checkpoint: Optional[str] = None
+    dtype: Optional[Dtype] = None
+    batch_size: Optional[PositiveInt] = Field(default=None, alias="batch-size")
+    input_axes: Optional[str] = Field(default=None, alias="input-axes")
+
+    _axes = field_validator("input_axes")(classmethod(lambda cls, v: _check_axes(v)))
+
+
+class Settings(_Strict):
+    """The validated contents of a settings file (every key optional)."""
+
+    select: Optional[list[str]] = None
+    ignore: Optional[list[str]] = None
+    per_module_ignores: dict[str, list[str]] = Field(default_factory=dict, alias="per-module-ignores")
+    fail_on: Optional[FailOn] = Field(default=None, alias="fail-on")
+    dtype: Optional[Dtype] = None
+    batch_size: Optional[PositiveInt] = Field(default=None, alias="batch-size")
+    rules: list[str] = Field(default_factory=list)
+    targets: list[Union[str, TargetSettings]] = Field(default_factory=list)
+    input_axes: Optional[str] = Field(default=None, alias="input-axes")
+    config: Optional[str] = None
+    baseline: Optional[str] = None
+
+    _axes = field_validator("input_axes")(classmethod(lambda cls, v: _check_axes(v)))
+    #: The file these settings came from (None for defaults); not a key of the file.
+    _source: Optional[Path] = PrivateAttr(default=None)
+
+    @property
+    def source(self) -> Optional[Path]:
+        """The settings file these settings were read from (None for defaults)."""
+        return self._source
+
+    def line_of(self, key: str) -> Optional[int]:
+        """The line of the settings file where ``key`` is set (for error messages), or None."""
+        if self._source is None:
+            return None
+        try:
+            text = self._source.read_text(encoding="utf-8")
+        except OSError:
+            return None
+        return _line_of_key(text, key, self._source.name == "pyproject.toml")
+
+
+def _keys(model: type[BaseModel]) -> list[str]:
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def find_settings_file(start: Optional[Path] = None) -> Optional[Path]:
+    """The settings file that applies to ``start`` (default: the current directory), or None.
+
+    Raises UsageError when a ``pyproject.toml`` on the way up is not valid TOML.
+    """
+    here = (start or Path.cwd()).resolve()
+    for directory in (here, *here.parents):
+        for name in SETTINGS_FILES:
+            candidate = directory / name
+            if candidate.is_file():
+                return candidate
+        pyproject = directory / "pyproject.toml"
+        if pyproject.is_file():
+            data = _parse_toml(pyproject)
+            if isinstance(data.get("tool"), dict) and "normaudit" in data["tool"]:
+                return pyproject
+    return None
+
+
+def _parse_toml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"cannot read settings: {err}", file=str(path)) from err
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        msg = str(err)
+        m = re.search(r"\(at line (\d+), column \d+\)", msg)
+        line = int(m.group(1)) if m else (len(text.splitlines()) or None if "end of document" in msg else None)
+        cause = re.sub(r" \(at (line|end of document).*", "", msg)
+        raise UsageError(f"invalid TOML: {cause}", file=str(path), line=line) from err
+
+
+def _section_start(lines: list[str], is_pyproject: bool) -> int:
+    if not is_pyproject:
+        return 0
+    for i, line in enumerate(lines):
+        if re.match(r"^\s*\[\s*tool\s*\.\s*normaudit\s*[\].]", line):
+            return i
+    return 0
+
+
+def _line_of_key(text: str, key: str, is_pyproject: bool) -> Optional[int]:
+    """1-based line where ``key`` is assigned (or opens a table) inside the normaudit settings."""
+    lines = text.splitlines()
+    start = _section_start(lines, is_pyproject)
+    k = re.escape(key)
+    pattern = re.compile(rf"""^\s*(?:["']?{k}["']?\s*=|\[\s*(?:tool\s*\.\s*normaudit\s*\.\s*)?["']?{k}["']?\s*[\].])"""
+                         rf"""|[{{,]\s*["']?{k}["']?\s*=""")
+    for i in range(start, len(lines)):
+        if pattern.search(lines[i]):
+            return i + 1
+    return None
+
+
+def _explain(err: ValidationError, text: str, path: Path, is_pyproject: bool) -> UsageError:
+    # A table in ``targets`` fails both union members: report the TargetSettings error, not "not a string".
+    errors = [e for e in err.errors() if not (e["type"] == "string_type" and isinstance(e.get("input"), dict))]
+    first = (errors or err.errors())[0]
+    loc = [str(p) for p in first["loc"]]
+    # For union members pydantic inserts the member name ("str", "TargetSettings"); drop it.
+    loc = [p for p in loc if p not in ("str", "TargetSettings")]
+    key = next((p for p in reversed(loc) if not p.isdigit()), loc[0] if loc else "")
+    line = _line_of_key(text, key, is_pyproject) if key else None
+    where = ".".join(loc)
+    if first["type"] == "extra_forbidden":
+        inner = "targets" in loc[:1]
+        known = _keys(TargetSettings if inner else Settings)
+        hint = difflib.get_close_matches(key, known, n=1)
+        msg = f"unknown key '{key}'" + (f" in a targets entry" if inner else "")
+        if hint:
+            msg += f" (did you mean '{hint[0]}'?)"
+        elif key == "tool" and not is_pyproject:
+            msg += " (in normaudit.toml write the keys at the top level, without [tool.normaudit])"
+        else:
+            msg += f"; known keys: {', '.join(known)}"
+        return UsageError(msg, file=str(path), line=line)
+    return UsageError(f"'{where}': {first['msg']}", file=str(path), line=line)
+
+
+def load_settings(path: Path) -> Settings:
+    """Read and validate the settings in ``path`` (a ``normaudit.toml`` or a ``pyproject.toml``).
+
+    Relative paths in the file are made relative to the current directory. Raises UsageError.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError("settings file not found", file=str(path))
+    data = _parse_toml(path)
+    is_pyproject = path.name == "pyproject.toml"
+    if is_pyproject:
+        section = data.get("tool", {}).get("normaudit") if isinstance(data.get("tool"), dict) else None
+        if section is None:
+            return Settings()
+        if not isinstance(section, dict):
+            raise UsageError("[tool.normaudit] must be a table", file=str(path))
+        data = section
+    text = path.read_text(encoding="utf-8")
+    try:
+        settings = Settings.model_validate(data)
+    except ValidationError as err:
+        raise _explain(err, text, path, is_pyproject) from None
+    settings._source = path
+    return _resolve_paths(settings, path.parent)
+
+
+def _rel(base: Path, value: str) -> str:
+    """``value`` joined to ``base`` and shown relative to the current directory when inside it."""
+    p = Path(value).expanduser()
+    if not p.is_absolute():
+        p = base / p
+    try:
+        return os.path.relpath(p)
+    except ValueError:  # another drive on Windows
+        return str(p)
+
+
+def _looks_like_path(spec: str, base: Path) -> bool:
+    head = spec.rpartition(":")[0] if re.search(r"\.py:[A-Za-z_]\w*$", spec) else spec
+    return (base / head).exists() or head.endswith((".py", ".json", ".safetensors", ".pt", ".pth", ".bin")) or "/" in head
+
+
+def _resolve_target(spec: str, base: Path) -> str:
+    if not _looks_like_path(spec, base):
+        return spec  # ``package.module:factory``
+    m = re.search(r"^(.*\.py):([A-Za-z_]\w*)$", spec)
+    if m:
+        return f"{_rel(base, m.group(1))}:{m.group(2)}"
+    return _rel(base, spec)
+
+
+def _resolve_paths(settings: Settings, base: Path) -> Settings:
+    settings.rules = [_rel(base, r) for r in settings.rules]
+    if settings.config:
+        settings.config = _rel(base, settings.config)
+    if settings.baseline:
+        settings.baseline = _rel(base, settings.baseline)
+    targets: list[Union[str, TargetSettings]] = []
+    for t in settings.targets:
+        if isinstance(t, str):
+            targets.append(_resolve_target(t, base))
+        else:
+            t.path = _resolve_target(t.path, base)
+            if t.config:
+                t.config = _rel(base, t.config)
+            if t.checkpoint:
+                t.checkpoint = _rel(base, t.checkpoint)
+            targets.append(t)
+    settings.targets = targets
+    return settings
+
+
+def discover_settings(explicit: Optional[str] = None, isolated: bool = False,
+                      start: Optional[Path] = None) -> Settings:
+    """The settings for this run: ``explicit`` if given, else the file found from ``start`` upward,
+    else defaults (also with ``isolated``)."""
+    if isolated and explicit:
+        raise UsageError("--settings and --isolated cannot be used together")
+    if isolated:
+        return Settings()
+    path = Path(explicit) if explicit else find_settings_file(start)
+    if path is None:
+        return Settings()
+    return load_settings(Path(_rel(Path.cwd(), str(path))))
