@@ -497,3 +497,105 @@ def test_real_minilm_checkpoint():
     size = (d / "model.safetensors").stat().st_size
     assert ckpt.bytes_read == _header_len(d / "model.safetensors") + 27 * 384 * 4
     assert ckpt.bytes_read / size < 0.001
+
+
+# ------------------------------------------------------------------------- key alignment and stats hints
+def test_align_keys_finds_one_leading_prefix(tmp_path):
+    path = tmp_path / "mlm.safetensors"
+    save_file({"bert.embeddings.LayerNorm.weight": torch.ones(2), "bert.embeddings.LayerNorm.bias": torch.zeros(2),
+               "bert.pooler.dense.bias": torch.zeros(2), "cls.bias": torch.zeros(3)}, str(path))
+    ckpt = open_checkpoint(path)
+    model = ["embeddings.LayerNorm.weight", "embeddings.LayerNorm.bias", "pooler.dense.bias"]
+    mapping, note = ckpt.align_keys(model, optional=["embeddings.LayerNorm.scale", "cls.bias"])
+    assert mapping == {k: "bert." + k for k in model} | {"cls.bias": "cls.bias"}
+    assert note == "the checkpoint's keys carry the prefix 'bert.'"
+    # the other way round: the model's keys carry a prefix the checkpoint lacks
+    path2 = tmp_path / "bare.safetensors"
+    save_file({"norm.weight": torch.ones(2), "fc.bias": torch.zeros(2)}, str(path2))
+    mapping, note = open_checkpoint(path2).align_keys(["backbone.norm.weight", "backbone.fc.bias", "head.bias"])
+    assert mapping == {"backbone.norm.weight": "norm.weight", "backbone.fc.bias": "fc.bias"}
+    assert note == "the model's keys carry the prefix 'backbone.', the checkpoint's do not"
+    # most keys match already: no prefix is guessed
+    assert open_checkpoint(path2).align_keys(["norm.weight", "fc.bias", "x.norm.weight"]) == (
+        {"norm.weight": "norm.weight", "fc.bias": "fc.bias"}, None)
+
+
+def test_group_weight_stats_role_hints_and_negative_fraction(tmp_path):
+    path = tmp_path / "annotated.safetensors"
+    save_file({"ln.a_2": torch.tensor([-1.0, 1.0, 2.0, 2.0]), "ln.b_2": torch.zeros(4)}, str(path))
+    ckpt = open_checkpoint(path)
+    plain = group_weight_stats(ckpt, ["ln.a_2", "ln.b_2"])
+    assert plain.gain_mean is None and plain.bias_present is False  # leaf names say nothing
+    hinted = group_weight_stats(ckpt, ["ln.a_2", "ln.b_2"], gain="ln.a_2", bias="ln.b_2")
+    assert (hinted.gain_mean, hinted.gain_negative_fraction, hinted.bias_present) == (1.0, 0.25, True)
+
+
+# --------------------------------------------------------------------------- checkpoint as the target
+def test_checkpoint_only_target_in_process(tmp_path):
+    """A checkpoint without model code: its norms become sites carrying `weights`; nothing is captured and only
+    the checkpoint rules run (a zero-centred gain is reported as info: the file's convention, not a bug yet)."""
+    from conftest import audit_file
+
+    g = torch.Generator().manual_seed(0)
+    sd = {"model.layers.0.input_layernorm.weight": torch.randn(16, generator=g) * 0.05,
+          "model.layers.0.mlp.weight": torch.randn(16, 16),
+          "model.norm.weight": torch.randn(16, generator=g) * 0.05,
+          "encoder.bn.weight": torch.ones(4), "encoder.bn.bias": torch.zeros(4),
+          "encoder.bn.running_mean": torch.zeros(4), "encoder.bn.running_var": torch.ones(4),
+          "encoder.bn.num_batches_tracked": torch.tensor(0)}
+    path = tmp_path / "weights.safetensors"
+    save_file(sd, str(path))
+    report = audit_file(path)
+    assert report.target.kind == "checkpoint" and report.capture.method == "none"
+    assert [(s.module, s.kind, s.detected_by) for s in report.sites] == [
+        ("encoder.bn", "BatchNorm", "checkpoint"),
+        ("model.layers.0.input_layernorm", "RMSNorm", "checkpoint"),
+        ("model.norm", "RMSNorm", "checkpoint")]
+    assert all(s.weights is not None for s in report.sites)
+    assert {f.category for f in report.findings} == {"checkpoint"}
+    assert [(f.rule_id, f.module, f.severity) for f in report.findings] == [
+        ("NC105", "encoder.bn", "warning"),
+        ("NC101", "model.layers.0.input_layernorm", "info"), ("NC101", "model.norm", "info")]
+    assert report.summary.sites == 3 and report.model.num_parameters == 16 + 256 + 16 + 4 * 4 + 1
+    from normaudit.render.text import render
+
+    text = render(report)
+    assert "checkpoint inspected without model code" in text and "norm parameters in the checkpoint" in text
+
+
+def _evil_pt(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    torch.save({"norm.weight": torch.ones(2), "x": _Pwn(marker)}, path)
+    return path, marker
+
+
+def test_cli_refuses_malicious_checkpoint_target(tmp_path):
+    """CLI level: `normaudit evil.pt` exits 2 with one line naming the file, no traceback, nothing run."""
+    import subprocess
+    import sys
+
+    path, marker = _evil_pt(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "normaudit", str(path), "--format", "json"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "evil.pt: refusing to unpickle: " in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not marker.exists()
+
+
+def test_cli_refuses_malicious_checkpoint_option(tmp_path, capsys, monkeypatch):
+    """The same file given with --checkpoint next to a model: exit 2 before any audit output."""
+    from normaudit.cli import main
+
+    path, marker = _evil_pt(tmp_path)
+    model = tmp_path / "model.py"
+    model.write_text("import torch\n\ndef build_model():\n    return torch.nn.LayerNorm(2)\n\n"
+                     "def example_inputs():\n    return (torch.randn(3, 2),)\n")
+    monkeypatch.chdir(tmp_path)
+    assert main([str(model), "--checkpoint", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "evil.pt: refusing to unpickle: " in err
+    assert not marker.exists()

