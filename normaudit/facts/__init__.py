@@ -12,6 +12,8 @@ from typing import Any, Optional
 
 from normaudit.capture import Capture
 from normaudit.facts import axes as axes_pass
+from normaudit.facts import batchnorm as batchnorm_pass
+from normaudit.facts import probes as probes_pass
 from normaudit.facts import placement
 from normaudit.facts import eps as eps_pass
 from normaudit.facts import weights as weights_pass
@@ -58,6 +60,7 @@ def collect_facts(ctx: FactContext) -> Facts:
     model = ModelFacts(class_name=type(cap.root).__name__,
                        num_parameters=sum(p.numel() for p in cap.root.parameters()))
     if cap.gm is None:
+        model.extra["groupnorm_config"] = batchnorm_pass.groupnorm_config_problems(ctx.config or {})
         records = walk_modules(cap.modules, origins)
         notes = weights_pass.analyse(ctx, records)
         eps_pass.analyse(ctx, records)
@@ -74,6 +77,8 @@ def collect_facts(ctx: FactContext) -> Facts:
         elif rec.site.reduced_dims:
             rec.site.normalized_axes = ["unknown"]
     placement.analyse(cap, records, model)
-    notes = weights_pass.analyse(ctx, records)
+    batchnorm_pass.analyse(ctx, records, model, env)
+    notes = probes_pass.run(ctx, records, env)
+    notes += weights_pass.analyse(ctx, records)
     eps_pass.analyse(ctx, records)
     return Facts(records=records, model=model, notes=notes)

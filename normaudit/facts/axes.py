@@ -1,19 +1,42 @@
 """Axis provenance: a label for every dimension of every tensor in the graph.
 
 Model inputs are labelled by what they are (token ids -> ``(batch, sequence)``; images ->
-``(batch, channel, height, width)``; 1-D conv input -> ``(batch, channel, sequence)``; or as the user
-declares with ``--input-axes``), and the labels are carried through permute/transpose/movedim,
-view/reshape/flatten (merged and split axes), conv (channel axis), linear/matmul (feature axis), embedding,
-attention head split/merge, pooling and reductions. A site's ``normalized_axes`` comes from the labels
-of the dims its statistics reduce, never from comparing sizes.
+``(batch, channel, height, width)``; audio or 1-D conv input -> ``(batch, channel, sequence)``; or as the
+user declares with ``--input-axes``), and the labels are carried forward node by node through
+permute/transpose/movedim, view/reshape/flatten/unflatten/squeeze/unsqueeze (merged and split axes),
+convolution (channel axis), linear/matmul/einsum (feature axis), embedding, attention head split and merge,
+scaled-dot-product attention, pooling/upsampling/padding, slicing, concatenation, split/chunk/unbind and
+reductions, for both graph flavours (``call_module``/``call_method`` nodes of a symbolic trace and aten ops
+of ``torch.export``). A site's ``normalized_axes`` is the set of labels of the dims its statistics reduce,
+never a guess from comparing sizes.
 
-Each dimension's label is a tuple of base labels: a merged dimension (``flatten(2)`` of H and W) carries
-``("height", "width")``. Results go to ``node.meta["normaudit"]["axes"]``.
+Each dimension is a tuple of *parts*, ``(names, size)`` from the outermost to the innermost, so a merged
+dimension remembers what it is made of: ``flatten(2)`` of an ``(N, C, 16, 16)`` tensor gives a last dim of
+parts ``(("height",), 16), (("width",), 16)``; viewing it back as ``(16, 16)`` recovers ``height`` and
+``width`` exactly, and ``view(B*S, D)`` followed by ``view(B, S, D)`` recovers ``batch`` and ``sequence``.
+Splitting a ``feature`` dim in two (``view(B, S, H, D // H)``) gives ``head`` and ``feature``; merging
+them back gives ``feature``. Sizes are used only to follow a reshape (which part goes where), which is
+exactly how ``view`` itself lays out memory.
+
+Public labels are tuples of base names (:data:`Label`), e.g. ``("batch",)``, ``("height", "width")``;
+:func:`label_graph` returns them per node and stores them under ``node.meta["normaudit"]["axes"]``.
+
+Example::
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from normaudit.capture import capture_model
+    >>> m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(2))
+    >>> cap = capture_model(m, (torch.randn(2, 3, 10, 10),), on_meta=False)
+    >>> env = label_graph(cap)
+    >>> axes_text(env[list(cap.gm.graph.nodes)[-2]])
+    ['batch', 'channel', 'height*width']
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+import re
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 from torch import fx, nn
@@ -26,10 +49,99 @@ UNK: Label = ("unknown",)
 LETTERS = {"B": "batch", "N": "batch", "S": "sequence", "T": "sequence", "L": "sequence", "H": "height",
            "W": "width", "D": "depth", "C": "channel", "F": "feature", "E": "feature", "K": "head"}
 BASE = ("batch", "sequence", "height", "width", "depth", "channel", "feature", "head", "unknown")
+SPATIAL = ("height", "width", "depth")
+
+#: One part of a dimension: its base names and its size.
+Part = tuple[Label, int]
+#: A dimension: its parts, outermost first (their sizes multiply to the dim's size).
+Dim = tuple[Part, ...]
+
+# ops whose output has the input's rank and layout, possibly with other sizes (pooling, resampling, padding)
+_LAYOUT_KEEPING = re.compile(
+    r"(pool|interpolate|upsample|upsampling|pad|pixel_shuffle|pixel_unshuffle|roll|flip|cumsum|cumprod|"
+    r"softmax|log_softmax|repeat|tile|index_select|gather|scatter|masked_scatter|slice_scatter|"
+    r"select_scatter|index_put|index_add|narrow|grid_sample|affine_grid|channel_shuffle|tril|triu|resize)")
+_NORM_TUPLE_OPS = ("layer_norm", "rms_norm", "batch_norm", "group_norm", "instance_norm")
+_SPLIT_OPS = ("split", "split_with_sizes", "chunk", "tensor_split", "unsafe_split", "unsafe_chunk",
+              "unsafe_split_with_sizes")
 
 
+# --------------------------------------------------------------------------------------------- dims
+def _dim(name: str, size: int) -> Dim:
+    return (((name,), int(size)),)
+
+
+def _unk(size: int) -> Dim:
+    return ((UNK, int(size)),)
+
+
+def _dsize(d: Dim) -> int:
+    return math.prod(p[1] for p in d)
+
+
+def _names(parts: Iterable[Part]) -> list[str]:
+    out: list[str] = []
+    for names, _ in parts:
+        for n in names:
+            if n != "unknown" and n not in out:
+                out.append(n)
+    return out
+
+
+def dim_label(d: Dim) -> Label:
+    """The public label of one dimension: its base names in order, ``("unknown",)`` when none is known.
+
+    A dim merged from ``head`` and ``feature`` parts (attention heads merged back) is ``("feature",)``.
+    """
+    names = _names(d)
+    if not names:
+        return UNK
+    if "feature" in names and set(names) <= {"head", "feature"}:
+        return ("feature",)
+    return tuple(names)
+
+
+def _is_unknown(d: Dim) -> bool:
+    return not _names(d)
+
+
+def _tidy(d: Sequence[Part]) -> Dim:
+    """Drop size-1 parts of a multi-part dim, fuse neighbours with the same names (and head+feature)."""
+    parts = [p for p in d if p[1] != 1] or list(d[:1])
+    out: list[Part] = []
+    for names, size in parts:
+        if out and (out[-1][0] == names or (out[-1][0] == ("head",) and names == ("feature",))):
+            out[-1] = (names, out[-1][1] * size)
+        else:
+            out.append((names, size))
+    return tuple(out)
+
+
+def _resize(d: Dim, size: int) -> Dim:
+    """The same axis at another size (a strided conv, a pool, a slice): parts merge when the size changes."""
+    size = int(size)
+    if _dsize(d) == size:
+        return d
+    names = tuple(_names(d)) or UNK
+    return ((names, size),)
+
+
+def _same(x: list[Dim], out_shape: Sequence[int]) -> list[Dim]:
+    """Input dims carried to an output of the same rank, each resized to the output's size."""
+    return [_resize(d, s) for d, s in zip(x, out_shape)]
+
+
+def _unknowns(out_shape: Optional[Sequence[int]]) -> Optional[list[Dim]]:
+    return [_unk(s) for s in out_shape] if out_shape is not None else None
+
+
+# --------------------------------------------------------------------------------------------- inputs
 def parse_input_axes(spec: str) -> list[Label]:
-    """Parse ``"B,C,H,W"`` or ``"batch,channel,height,width"`` into labels. Raises ValueError."""
+    """Parse ``"B,C,H,W"`` or ``"batch,channel,height,width"`` into labels (one per dim of the first input).
+
+    Letters: B/N batch, S/T/L sequence, C channel, H height, W width, D depth, F/E feature, K head.
+    Raises ValueError naming the unknown axis.
+    """
     out = []
     for part in spec.split(","):
         part = part.strip()
@@ -41,17 +153,44 @@ def parse_input_axes(spec: str) -> list[Label]:
 
 
 def _first_consumer_module(node: fx.Node, cap: Capture) -> Optional[nn.Module]:
-    for user in node.users:
-        name = op_name(user)
-        if name == "module":
-            return cap.modules.get(str(user.target))
-        if name == "conv":
-            return nn.Conv1d(1, 1, 1) if len(shape(node) or ()) == 3 else None
+    """The first layer reading ``node`` (through casts), as a module (an aten conv counts as Conv1d)."""
+    frontier, seen = [node], 0
+    while frontier and seen < 8:
+        nxt = []
+        for n in frontier:
+            for user in n.users:
+                name = op_name(user)
+                if name == "module":
+                    return cap.modules.get(str(user.target))
+                if name == "conv":
+                    return nn.Conv1d(1, 1, 1) if len(shape(node) or ()) == 3 else None
+                if name in ("batch_norm", "instance_norm", "group_norm"):
+                    return {"batch_norm": nn.BatchNorm1d(1), "instance_norm": nn.InstanceNorm1d(1),
+                            "group_norm": nn.GroupNorm(1, 1)}[name]
+                if name in ("linear", "matmul", "layer_norm", "rms_norm", "embedding"):
+                    return nn.Identity()
+                if name in ("to", "alias", "dropout", "contiguous"):
+                    nxt.append(user)
+        frontier, seen = nxt, seen + 1
     return None
 
 
+_IMAGE_NAMES = ("pixel", "image", "img", "picture", "photo")
+_AUDIO_NAMES = ("input_values", "waveform", "wav", "audio", "signal")
+_EMBED_NAMES = ("inputs_embeds", "embeds", "hidden_states", "embedding")
+
+
 def input_labels(node: fx.Node, cap: Capture, declared: Optional[list[Label]] = None) -> list[Label]:
-    """Labels for a model input from its dtype and rank (and the first layer reading it)."""
+    """Labels for a model input, from the declaration, else its name, dtype, rank and the first layer reading it.
+
+    - ``declared`` (``--input-axes``) wins when its length equals the input's rank;
+    - integer inputs (token ids, masks, positions): ``(batch, sequence)``;
+    - floating rank 4 ``(batch, channel, height, width)``, rank 5 ``(batch, channel, depth, height, width)``
+      (``(batch, sequence, channel, height, width)`` for inputs named like videos);
+    - floating rank 3: ``(batch, channel, sequence)`` when a 1-D conv or a BatchNorm1d/InstanceNorm1d/
+      GroupNorm reads it first, ``(batch, sequence, feature)`` otherwise (and for ``inputs_embeds``);
+    - floating rank 2: ``(batch, sequence)`` for raw audio (``input_values``), ``(batch, feature)`` otherwise.
+    """
     shp = shape(node)
     v = val(node)
     if shp is None:
@@ -59,301 +198,574 @@ def input_labels(node: fx.Node, cap: Capture, declared: Optional[list[Label]] = 
     rank = len(shp)
     if declared is not None and len(declared) == rank:
         return list(declared)
+    name = node.name.lower()
     floating = isinstance(v, torch.Tensor) and v.is_floating_point()
     if not floating:
+        if rank == 4 and "mask" in name:
+            return [("batch",), UNK, ("sequence",), ("sequence",)]
         base = [("batch",), ("sequence",)]
         return (base + [UNK] * rank)[:rank] if rank >= 2 else [("sequence",)] * rank
-    if rank == 4:
-        return [("batch",), ("channel",), ("height",), ("width",)]
     if rank == 5:
+        if "video" in name:
+            return [("batch",), ("sequence",), ("channel",), ("height",), ("width",)]
         return [("batch",), ("channel",), ("depth",), ("height",), ("width",)]
+    if rank == 4:
+        if "mask" in name:
+            return [("batch",), UNK, ("sequence",), ("sequence",)]
+        return [("batch",), ("channel",), ("height",), ("width",)]
     if rank == 3:
+        if any(k in name for k in _EMBED_NAMES):
+            return [("batch",), ("sequence",), ("feature",)]
         first = _first_consumer_module(node, cap)
         if isinstance(first, (nn.Conv1d, nn.ConvTranspose1d, nn.BatchNorm1d, nn.InstanceNorm1d, nn.GroupNorm)):
             return [("batch",), ("channel",), ("sequence",)]
+        if first is None and any(k in name for k in ("feature", "mel", "spectrogram")):
+            return [("batch",), ("channel",), ("sequence",)]
         return [("batch",), ("sequence",), ("feature",)]
     if rank == 2:
+        if any(k in name for k in _AUDIO_NAMES):
+            return [("batch",), ("sequence",)]
+        if "mask" in name:
+            return [("batch",), ("sequence",)]
         return [("batch",), ("feature",)]
     if rank == 1:
         return [("feature",)]
     return [UNK] * rank
 
 
-def _merge(labels: Sequence[Label]) -> Label:
-    seen: list[str] = []
-    for lab in labels:
-        for x in lab:
-            if x != "unknown" and x not in seen:
-                seen.append(x)
-    if not seen:
-        return UNK
-    if set(seen) <= {"head", "feature"}:
-        return ("feature",)
-    return tuple(seen)
+def _input_dims(node: fx.Node, cap: Capture, declared: Optional[list[Label]]) -> list[Dim]:
+    shp = shape(node) or ()
+    labels = input_labels(node, cap, declared)
+    return [((lab, int(s)),) for lab, s in zip(labels, shp)]
 
 
-def _reshape(in_shape: Sequence[int], in_labels: list[Label], out_shape: Sequence[int]) -> list[Label]:
-    """Labels after a view/reshape, grouping input and output dims whose sizes multiply to the same value."""
-    out: list[Label] = []
-    i = j = 0
-    n, m = len(in_shape), len(out_shape)
-    while i < n or j < m:
-        if j < m and out_shape[j] == 1 and (i >= n or in_shape[i] != 1):
-            out.append(UNK)
-            j += 1
+# --------------------------------------------------------------------------------------------- transfer
+def _reshape(x: list[Dim], out_shape: Sequence[int]) -> list[Dim]:
+    """Dims after a view/reshape: the input's parts, in memory order, are dealt out to the output dims.
+
+    A part larger than what an output dim still needs is split (outer piece first; a split ``feature``
+    gives ``head`` then ``feature``); size-1 dims take a size-1 part when one is next, else ``unknown``.
+    """
+    stream: list[Part] = [p for d in x for p in d]
+    out: list[Dim] = []
+    k = 0
+    for s in out_shape:
+        s = int(s)
+        if s == 1:
+            if k < len(stream) and stream[k][1] == 1:
+                out.append((stream[k],))
+                k += 1
+            else:
+                out.append(_unk(1))
             continue
-        if i < n and in_shape[i] == 1 and (j >= m or out_shape[j] != 1):
-            i += 1
-            continue
-        if i >= n or j >= m:
-            out.extend([UNK] * (m - j))
-            break
-        gi, gj = [i], [j]
-        pi, pj = in_shape[i], out_shape[j]
-        while pi != pj:
-            if pi < pj and gi[-1] + 1 < n:
-                gi.append(gi[-1] + 1)
-                pi *= in_shape[gi[-1]]
-            elif pj < pi and gj[-1] + 1 < m:
-                gj.append(gj[-1] + 1)
-                pj *= out_shape[gj[-1]]
+        acc: list[Part] = []
+        prod = 1
+        while prod < s:
+            while k < len(stream) and stream[k][1] == 1:
+                k += 1
+            if k >= len(stream) or s % prod:
+                break
+            names, n = stream[k]
+            need = s // prod
+            if need % n == 0:
+                acc.append(stream[k])
+                prod *= n
+                k += 1
+            elif n % need == 0:
+                outer = ("head",) if names == ("feature",) else names
+                acc.append((outer, need))
+                stream[k] = (names, n // need)
+                prod *= need
             else:
                 break
-        src = [in_labels[k] if k < len(in_labels) else UNK for k in gi]
-        if len(gi) == 1 and len(gj) == 1:
-            out.append(src[0])
-        elif len(gi) == 1:
-            lab = src[0]
-            parts = [lab] * len(gj)
-            if lab == ("feature",) and len(gj) == 2:
-                parts = [("head",), ("feature",)]
-            for k, dj in enumerate(gj):
-                out.append(parts[k] if out_shape[dj] != 1 else UNK)
-        else:
-            merged = _merge(src)
-            out.extend([merged] * len(gj))
-        i, j = gi[-1] + 1, gj[-1] + 1
-    return out[:m]
+        if prod != s:  # irregular regrouping (e.g. (6, 4) -> (4, 6)): what is left merges
+            rest = stream[k:]
+            merged = tuple(_names(acc + rest)) or UNK
+            out.append(((merged, s),))
+            for s2 in out_shape[len(out):]:
+                out.append(((merged, int(s2)),))
+            return out[: len(out_shape)]
+        out.append(_tidy(acc))
+    return out
 
 
-def _broadcast(node: fx.Node, env: dict[fx.Node, Any]) -> Optional[list[Label]]:
-    out_shape = shape(node)
-    if out_shape is None:
-        return None
+def _permute(x: list[Dim], perm: Sequence[int]) -> list[Dim]:
+    rank = len(x)
+    return [x[int(p) % rank] for p in perm]
+
+
+def _broadcast(out_shape: Sequence[int], inputs: Sequence[Optional[list[Dim]]],
+               in_shapes: Sequence[Optional[Sequence[int]]]) -> list[Dim]:
+    """Elementwise broadcasting: each output dim takes the first known label among inputs of that size."""
     rank = len(out_shape)
-    result: list[Label] = [UNK] * rank
-    for inp in tensor_inputs(node):
-        labs = env.get(inp)
-        ishp = shape(inp)
-        if not isinstance(labs, list) or ishp is None or len(labs) != len(ishp) or len(ishp) > rank:
+    result: list[Optional[Dim]] = [None] * rank
+    for labs, ishp in zip(inputs, in_shapes):
+        if labs is None or ishp is None or len(labs) != len(ishp) or len(ishp) > rank:
             continue
         off = rank - len(ishp)
-        for k, lab in enumerate(labs):
-            if ishp[k] == out_shape[off + k] and result[off + k] == UNK and lab != UNK:
-                result[off + k] = lab
-    return result
+        for k, d in enumerate(labs):
+            j = off + k
+            if ishp[k] == out_shape[j] and (result[j] is None or (_is_unknown(result[j]) and not _is_unknown(d))):
+                if out_shape[j] != 1 or result[j] is None:
+                    result[j] = d
+    return [r if r is not None else _unk(s) for r, s in zip(result, out_shape)]
 
 
-def _permute(labels: list[Label], perm: Sequence[int]) -> list[Label]:
-    rank = len(labels)
-    return [labels[int(p) % rank] for p in perm]
+def _matmul(x: Optional[list[Dim]], y: Optional[list[Dim]], out_shape: Sequence[int],
+            xs: Optional[Sequence[int]], ys: Optional[Sequence[int]]) -> list[Dim]:
+    """``x @ y``: batch dims broadcast, rows from ``x``, columns from ``y`` (a weight's columns: feature)."""
+    r = len(out_shape)
+    x = x if x is not None and xs is not None else ([_unk(s) for s in xs] if xs is not None else None)
+    y = y if y is not None and ys is not None else ([_unk(s) for s in ys] if ys is not None else None)
+    if x is None or y is None or not x or not y:
+        return [_unk(s) for s in out_shape]
+    if len(y) == 1:
+        return _broadcast(out_shape, [x[:-1]], [list(xs)[:-1]])
+    last = y[-1] if not _is_unknown(y[-1]) else _dim("feature", out_shape[-1])
+    if len(x) == 1:
+        return (y[:-2] + [last])[-r:]
+    row = x[-2] if not _is_unknown(x[-2]) or any(not _is_unknown(d) for d in x) else _dim("feature", xs[-2])
+    batch = _broadcast(list(out_shape[:-2]), [x[:-2], y[:-2]], [list(xs[:-2]), list(ys[:-2])]) if r > 2 else []
+    return batch + [_resize(row, out_shape[-2]), _resize(last, out_shape[-1])]
 
 
-def _module_labels(node: fx.Node, mod: nn.Module, x: Optional[list[Label]], env) -> Any:
-    out_shape = shape(node)
-    if isinstance(mod, nn.Linear) and x:
-        return x[:-1] + [("feature",)]
-    if isinstance(mod, nn.Embedding) and x is not None:
-        return x + [("feature",)]
-    if isinstance(mod, (nn.modules.conv._ConvNd,)) and x:
-        labs = list(x)
-        if len(labs) >= 2:
-            labs[1] = ("channel",)
-        return labs
-    if isinstance(mod, nn.MultiheadAttention) and x is not None:
-        return (x, None)
-    if isinstance(mod, nn.Flatten) and x is not None and out_shape is not None:
-        return _reshape(shape(node.args[0]) or (), x, out_shape)
-    return _broadcast(node, env)
+def _einsum(eq: str, operands: list[Optional[list[Dim]]], shapes: list, out_shape: Sequence[int]) -> list[Dim]:
+    """``torch.einsum``: each output letter takes the dims its letter had in an operand."""
+    eq = eq.replace(" ", "")
+    if "..." in eq or "->" not in eq:
+        return [_unk(s) for s in out_shape]
+    lhs, rhs = eq.split("->")
+    specs = lhs.split(",")
+    letters: dict[str, Dim] = {}
+    for spec, labs, shp in zip(specs, operands, shapes):
+        if labs is None or len(labs) != len(spec):
+            continue
+        for ch, d in zip(spec, labs):
+            if ch not in letters or (_is_unknown(letters[ch]) and not _is_unknown(d)):
+                letters[ch] = d
+    out = []
+    for ch, s in zip(rhs, out_shape):
+        d = letters.get(ch)
+        out.append(_resize(d, s) if d is not None else _unk(s))
+    if len(out) != len(out_shape):
+        return [_unk(s) for s in out_shape]
+    # a contraction against a weight (unknown) leaves its new letters as features
+    return out
 
 
-def label_graph(cap: Capture, declared_inputs: Optional[list[Label]] = None) -> dict[fx.Node, Any]:
-    """Run the axis pass over ``cap.gm``; returns node -> labels (a list per tensor, tuple for tuples)."""
-    env: dict[fx.Node, Any] = {}
-    gm = cap.gm
-    if gm is None:
-        return env
-    user_inputs = set(cap.user_inputs)
-    first = True
-    for node in gm.graph.nodes:
-        labs = _labels_for(node, cap, env, user_inputs, declared_inputs if first else None)
-        if node.op == "placeholder" and node.name in user_inputs:
-            first = False
-        env[node] = labs
-        node.meta.setdefault("normaudit", {})["axes"] = labs
-    return env
-
-
-def _labels_for(node, cap, env, user_inputs, declared) -> Any:
-    name = op_name(node)
-    out_shape = shape(node)
-    if name == "placeholder":
-        if node.name in user_inputs:
-            return input_labels(node, cap, declared)
-        return [UNK] * len(out_shape) if out_shape is not None else None
-    if name in ("get_attr", "output"):
-        return [UNK] * len(out_shape) if out_shape is not None else None
-    ins = tensor_inputs(node)
-    x = env.get(ins[0]) if ins else None
-    x = x if isinstance(x, list) else None
-    if name == "module":
-        return _module_labels(node, cap.modules.get(str(node.target)), x, env)
-    if name == "getitem":
-        src = node.args[0]
-        idx = node.args[1]
-        base = env.get(src)
-        if isinstance(base, tuple) and isinstance(idx, int):
-            return base[idx] if idx < len(base) else None
-        if isinstance(base, list) and out_shape is not None and shape(src) is not None:
-            return _index_labels(base, shape(src), idx, out_shape)
-        return [UNK] * len(out_shape) if out_shape is not None else None
-    if out_shape is None:
-        v = val(node)
-        if isinstance(v, (tuple, list)) and x is not None:
-            return tuple(_same_or_unknown(t, x, shape(ins[0])) for t in v)
-        return None
-    in_shape = shape(ins[0]) if ins else None
-    if name == "linear" and x:
-        return x[:-1] + [("feature",)]
-    if name == "matmul" and x and len(ins) > 1:
-        y = env.get(ins[1])
-        last = y[-1] if isinstance(y, list) and y else ("feature",)
-        if last == UNK:
-            last = ("feature",)
-        return (x[:-1] + [last])[-len(out_shape):] if len(x) >= len(out_shape) - 1 else [UNK] * len(out_shape)
-    if name == "embedding":
-        idx = env.get(node.args[1]) if len(node.args) > 1 and isinstance(node.args[1], fx.Node) else None
-        if isinstance(idx, list):
-            return idx + [("feature",)]
-    if name == "conv" and x:
-        labs = list(x)
-        if len(labs) >= 2:
-            labs[1] = ("channel",)
-        return labs[: len(out_shape)] if len(labs) >= len(out_shape) else labs + [UNK] * (len(out_shape) - len(labs))
-    if name == "permute" and x:
-        dims = arg(node, 1, "dims", None)
-        if dims is not None and not isinstance(dims, (list, tuple)):
-            dims = node.args[1:]
-        if dims is not None and len(dims) == len(x):
-            return _permute(x, dims)
-    if name == "transpose" and x:
-        d0, d1 = arg(node, 1, "dim0", 0), arg(node, 2, "dim1", 1)
-        if len(x) == 2 and len(node.args) == 1:
-            d0, d1 = 0, 1
-        labs = list(x)
-        if isinstance(d0, int) and isinstance(d1, int):
-            labs[d0 % len(x)], labs[d1 % len(x)] = labs[d1 % len(x)], labs[d0 % len(x)]
-            return labs
-    if name == "movedim" and x:
-        src, dst = arg(node, 1, "source", None), arg(node, 2, "destination", None)
-        if isinstance(src, int) and isinstance(dst, int):
-            labs = list(x)
-            item = labs.pop(src % len(x))
-            labs.insert(dst % len(x), item)
-            return labs
-    if name in ("view", "flatten", "unflatten", "expand_as", "view_as") and x is not None and in_shape is not None:
-        if name == "expand_as":
-            return _broadcast(node, env)
-        return _reshape(in_shape, x, out_shape)
-    if name == "unsqueeze" and x is not None:
-        d = arg(node, 1, "dim", 0)
-        labs = list(x)
-        labs.insert(int(d) % (len(x) + 1), UNK)
-        return labs
-    if name == "squeeze" and x is not None and in_shape is not None:
-        return _reshape(in_shape, x, out_shape)
-    if name in ("expand", "repeat", "tile") and x is not None:
-        return ([UNK] * (len(out_shape) - len(x)) + list(x))[-len(out_shape):]
-    red = reduction(node) if name in ("mean", "sum", "var", "std", "amax", "norm", "linalg_vector_norm") else None
-    if red is not None and x is not None:
-        if red.keepdim:
-            return [UNK if k in red.dims else lab for k, lab in enumerate(x)]
-        return [lab for k, lab in enumerate(x) if k not in red.dims]
-    if name in ("select",) and x is not None:
-        d = int(arg(node, 1, "dim", 0))
-        return [lab for k, lab in enumerate(x) if k != d % len(x)]
-    if name in ("slice", "narrow", "index", "index_select", "gather") and x is not None and len(x) == len(out_shape):
-        return list(x)
-    if name in ("cat", "stack") and node.args and isinstance(node.args[0], (list, tuple)):
-        parts = [env.get(a) for a in node.args[0] if isinstance(a, fx.Node)]
-        parts = [p for p in parts if isinstance(p, list)]
-        if parts and name == "cat" and len(parts[0]) == len(out_shape):
-            return _broadcast_list(parts, out_shape)
-        if parts and name == "stack":
-            d = int(arg(node, 1, "dim", 0)) % len(out_shape)
-            labs = list(parts[0])
-            labs.insert(d, UNK)
-            return labs
-    if name == "sdpa" and x is not None:
-        return list(x)
-    if name in ("adaptive_avg_pool2d", "avg_pool2d", "max_pool2d", "adaptive_avg_pool1d", "avg_pool1d",
-                "max_pool1d", "upsample_nearest2d", "upsample_bilinear2d", "interpolate", "pad",
-                "max_pool2d_with_indices", "avg_pool3d", "adaptive_max_pool2d", "pixel_shuffle") and x is not None:
-        if len(x) == len(out_shape):
-            return list(x)
-    b = _broadcast(node, env)
-    return b
-
-
-def _broadcast_list(parts: list[list[Label]], out_shape) -> list[Label]:
-    res = [UNK] * len(out_shape)
-    for p in parts:
-        for k, lab in enumerate(p[: len(out_shape)]):
-            if res[k] == UNK and lab != UNK:
-                res[k] = lab
-    return res
-
-
-def _same_or_unknown(t: Any, x: list[Label], in_shape) -> Optional[list[Label]]:
-    if isinstance(t, torch.Tensor):
-        if in_shape is not None and tuple(t.shape) == tuple(in_shape):
-            return list(x)
-        return [UNK] * t.dim()
-    return None
-
-
-def _index_labels(base: list[Label], in_shape, idx: Any, out_shape) -> list[Label]:
-    """Labels after ``x[idx]`` for int/slice/None/Ellipsis indexing."""
+def _index(x: list[Dim], idx: Any, out_shape: Sequence[int]) -> list[Dim]:
+    """Dims after ``x[idx]`` for int/slice/None/Ellipsis indexing (advanced indexing: unknown)."""
     if not isinstance(idx, tuple):
         idx = (idx,)
-    labs: list[Label] = []
+    out: list[Dim] = []
     k = 0
     n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
     for i in idx:
         if i is None:
-            labs.append(UNK)
+            out.append(_unk(1))
         elif i is Ellipsis:
-            take = len(base) - n_real
-            labs.extend(base[k:k + take])
+            take = len(x) - n_real
+            out.extend(x[k:k + take])
             k += take
         elif isinstance(i, int):
             k += 1
-        else:
-            labs.append(base[k] if k < len(base) else UNK)
+        elif isinstance(i, slice):
+            out.append(x[k] if k < len(x) else _unk(1))
             k += 1
-    labs.extend(base[k:])
-    if len(labs) != len(out_shape):
-        return [UNK] * len(out_shape)
-    return labs
+        else:
+            return [_unk(s) for s in out_shape]
+    out.extend(x[k:])
+    if len(out) != len(out_shape):
+        return [_unk(s) for s in out_shape]
+    return _same(out, out_shape)
+
+
+def _conv(x: list[Dim], out_shape: Sequence[int], n_spatial: Optional[int]) -> list[Dim]:
+    """Convolution: the channel axis becomes ``channel`` (size C_out); spatial axes keep their labels."""
+    r = len(out_shape)
+    n_spatial = n_spatial if n_spatial is not None else max(r - 2, 1)
+    c = r - n_spatial - 1  # channel dim: 1 when batched, 0 unbatched
+    if c < 0 or len(x) != r:
+        return [_unk(s) for s in out_shape]
+    out = _same(x, out_shape)
+    out[c] = _dim("channel", out_shape[c])
+    return out
+
+
+def _seq_module(mod: nn.Module, x: list[Dim], node: fx.Node) -> Any:
+    """Labels of an RNN/LSTM/GRU call: (output, hidden state(s))."""
+    v = val(node)
+    if not isinstance(v, (tuple, list)) or not v or not isinstance(v[0], torch.Tensor):
+        return None
+    out0 = v[0]
+    first = _same(x[:-1], tuple(out0.shape)[:-1]) + [_dim("feature", out0.shape[-1])] if len(x) == out0.dim() else \
+        [_unk(s) for s in out0.shape]
+    rest = tuple(_tensor_unknowns(t) for t in v[1:])
+    return (first,) + rest
+
+
+def _tensor_unknowns(t: Any) -> Any:
+    if isinstance(t, torch.Tensor):
+        return [_unk(s) for s in t.shape]
+    if isinstance(t, (tuple, list)):
+        return tuple(_tensor_unknowns(u) for u in t)
+    return None
+
+
+def _module_dims(node: fx.Node, mod: Optional[nn.Module], x: Optional[list[Dim]], env: dict) -> Any:
+    """Labels of a ``call_module`` node (symbolic trace keeps torch.nn leaf modules as calls)."""
+    out_shape = shape(node)
+    ins = tensor_inputs(node)
+    in_shape = shape(ins[0]) if ins else None
+    if mod is None:
+        return _fallback(node, env)
+    if isinstance(mod, nn.MultiheadAttention) and x is not None:
+        v = val(node)
+        first = list(x)
+        if isinstance(v, (tuple, list)) and v and isinstance(v[0], torch.Tensor) and len(x) == v[0].dim():
+            first = _same(x, tuple(v[0].shape))
+        return (first,) + tuple(_tensor_unknowns(t) for t in (v[1:] if isinstance(v, (tuple, list)) else ()))
+    if isinstance(mod, nn.RNNBase) and x is not None:
+        return _seq_module(mod, x, node)
+    if out_shape is None:
+        return _tensor_unknowns(val(node))
+    if x is None:
+        return _unknowns(out_shape)
+    if isinstance(mod, (nn.Linear, nn.Bilinear, nn.LazyLinear)) and len(x) == len(out_shape):
+        return _same(x[:-1], out_shape[:-1]) + [_dim("feature", out_shape[-1])]
+    if isinstance(mod, (nn.Embedding,)):
+        return _same(x, out_shape[:-1]) + [_dim("feature", out_shape[-1])] if len(x) + 1 == len(out_shape) \
+            else _unknowns(out_shape)
+    if isinstance(mod, nn.EmbeddingBag):
+        return [_dim("batch", out_shape[0]), _dim("feature", out_shape[-1])] if len(out_shape) == 2 \
+            else _unknowns(out_shape)
+    if isinstance(mod, nn.modules.conv._ConvNd):
+        return _conv(x, out_shape, mod.weight.dim() - 2 if getattr(mod, "weight", None) is not None else None)
+    if isinstance(mod, (nn.Flatten, nn.Unflatten)) and in_shape is not None:
+        return _reshape(x, out_shape)
+    if len(x) == len(out_shape) and _LAYOUT_KEEPING.search(type(mod).__name__.lower()):
+        return _same(x, out_shape)
+    return _fallback(node, env)
+
+
+_ELEMENTWISE = ("add", "sub", "mul", "div", "rsub")
+
+
+def _fallback(node: fx.Node, env: dict, params: Optional[set] = None) -> Optional[list[Dim]]:
+    """Elementwise broadcasting over the tensor inputs (the default for ops not followed explicitly).
+
+    A last dim that only a parameter provides, broadcast against a size-1 dim of a labelled input
+    (``x.unsqueeze(-1) * W``: numeric features turned into embeddings), is a ``feature`` dim.
+    """
+    out_shape = shape(node)
+    if out_shape is None:
+        return _tensor_unknowns(val(node))
+    ins = [n for n in tensor_inputs(node) if isinstance(env.get(n), list)]
+    out = _broadcast(out_shape, [env.get(n) for n in ins], [shape(n) for n in ins])
+    if params and out and out_shape[-1] > 1 and _is_unknown(out[-1]) and op_name(node) in _ELEMENTWISE:
+        from_param = any(n in params and shape(n) and shape(n)[-1] == out_shape[-1] for n in ins)
+        expanded = any(n not in params and shape(n) and shape(n)[-1] == 1 and any(not _is_unknown(d) for d in env[n])
+                       for n in ins)
+        if from_param and expanded:
+            out[-1] = _dim("feature", out_shape[-1])
+    return out
+
+
+def _raw_name(node: fx.Node) -> str:
+    if node.op == "call_method":
+        return str(node.target)
+    packet = getattr(node.target, "_overloadpacket", None)
+    if packet is not None:
+        return packet.__name__
+    return getattr(node.target, "__name__", str(node.target))
+
+
+def _is_aten(node: fx.Node) -> bool:
+    return hasattr(node.target, "_overloadpacket")
+
+
+def _dims_arg(node: fx.Node, index: int, name: str) -> Optional[list[int]]:
+    """A dims argument given as a list or as varargs (``x.permute(0, 2, 1)``)."""
+    dims = arg(node, index, name, None)
+    if dims is None:
+        return None
+    if isinstance(dims, (list, tuple)):
+        return [int(d) for d in dims] if all(isinstance(d, int) for d in dims) else None
+    if isinstance(dims, int):
+        rest = node.args[index:]
+        return [int(d) for d in rest] if all(isinstance(d, int) for d in rest) else None
+    return None
+
+
+def _transfer(node: fx.Node, cap: Capture, env: dict, params: Optional[set] = None) -> Any:
+    """Labels of one non-placeholder node from the labels of its inputs (``params``: the nodes holding
+    parameters and buffers)."""
+    name = op_name(node)
+    out_shape = shape(node)
+    if name in ("get_attr", "output"):
+        return _unknowns(out_shape)
+    ins = tensor_inputs(node)
+    x0 = env.get(ins[0]) if ins else None
+    x = x0 if isinstance(x0, list) else None
+    in_shape = shape(ins[0]) if ins else None
+    if x is not None and in_shape is not None and len(x) != len(in_shape):
+        x = None
+    raw = _raw_name(node)
+
+    if name == "module":
+        return _module_dims(node, cap.modules.get(str(node.target)), x, env)
+    if name == "getitem":
+        src, idx = node.args[0], node.args[1]
+        base = env.get(src)
+        if isinstance(base, tuple) and isinstance(idx, int):
+            return base[idx] if -len(base) <= idx < len(base) else None
+        if isinstance(base, list) and out_shape is not None and shape(src) is not None:
+            return _index(base, idx, out_shape)
+        return _unknowns(out_shape) if out_shape is not None else _tensor_unknowns(val(node))
+
+    if out_shape is None:  # several outputs
+        v = val(node)
+        if not isinstance(v, (tuple, list)):
+            return None
+        if x is not None and (name in _SPLIT_OPS or raw in _SPLIT_OPS):
+            return tuple(_same(x, tuple(t.shape)) if isinstance(t, torch.Tensor) and t.dim() == len(x)
+                         else _tensor_unknowns(t) for t in v)
+        if x is not None and raw in ("unbind", "unstack"):
+            d = int(arg(node, 1, "dim", 0)) % len(x)
+            rest = x[:d] + x[d + 1:]
+            return tuple(_same(rest, tuple(t.shape)) if isinstance(t, torch.Tensor) and t.dim() == len(rest)
+                         else _tensor_unknowns(t) for t in v)
+        if x is not None and name in _NORM_TUPLE_OPS:
+            first = list(x) if isinstance(v[0], torch.Tensor) and tuple(v[0].shape) == tuple(in_shape or ()) \
+                else _tensor_unknowns(v[0])
+            return (first,) + tuple(_tensor_unknowns(t) for t in v[1:])
+        if x is not None and raw in ("max", "min", "sort", "topk", "kthvalue", "mode", "median", "var_mean",
+                                     "std_mean", "aminmax", "cummax", "cummin"):
+            red = reduction(node)
+            outs = []
+            for t in v:
+                if not isinstance(t, torch.Tensor):
+                    outs.append(None)
+                elif t.dim() == len(x):
+                    outs.append(_same(x, tuple(t.shape)) if red is None or red.keepdim
+                                else [_unk(s) for s in t.shape])
+                elif red is not None and t.dim() == len(x) - len(red.dims):
+                    outs.append(_same([d for k, d in enumerate(x) if k not in red.dims], tuple(t.shape)))
+                elif t.dim() == len(x) - 1 and isinstance(arg(node, 1, "dim", None), int):
+                    d = int(arg(node, 1, "dim")) % len(x)
+                    outs.append(_same(x[:d] + x[d + 1:], tuple(t.shape)))
+                else:
+                    outs.append(_tensor_unknowns(t))
+            return tuple(outs)
+        return tuple(_same(x, tuple(t.shape)) if x is not None and isinstance(t, torch.Tensor)
+                     and tuple(t.shape) == tuple(in_shape or ()) else _tensor_unknowns(t) for t in v)
+
+    if name in ("to", "alias", "dropout") or raw in ("contiguous", "clone", "detach", "requires_grad_",
+                                                       "zeros_like", "ones_like", "empty_like", "full_like",
+                                                       "rand_like", "randn_like", "new_empty", "lift_fresh"):
+        if x is not None and len(x) == len(out_shape) and tuple(in_shape or ()) == tuple(out_shape):
+            return list(x)
+    if name == "linear" and out_shape:
+        src = node.args[1] if raw == "addmm" and len(node.args) > 1 else (ins[0] if ins else None)
+        xs = env.get(src) if isinstance(src, fx.Node) else None
+        if isinstance(xs, list) and len(xs) == len(out_shape):
+            return _same(xs[:-1], out_shape[:-1]) + [_dim("feature", out_shape[-1])]
+        return _unknowns(out_shape[:-1]) + [_dim("feature", out_shape[-1])]
+    if name in ("matmul", "baddbmm") or raw in ("baddbmm", "addbmm"):
+        a, b = (node.args[1], node.args[2]) if raw in ("baddbmm", "addbmm") else (node.args[0], node.args[1])
+        if isinstance(a, fx.Node) and isinstance(b, fx.Node):
+            la, lb = env.get(a), env.get(b)
+            return _matmul(la if isinstance(la, list) else None, lb if isinstance(lb, list) else None,
+                           out_shape, shape(a), shape(b))
+    if name == "einsum":
+        eq = node.args[0] if node.args and isinstance(node.args[0], str) else arg(node, 0, "equation", None)
+        ops = node.args[1:]
+        if len(ops) == 1 and isinstance(ops[0], (list, tuple)):
+            ops = ops[0]
+        if isinstance(eq, str):
+            labs = [env.get(o) if isinstance(o, fx.Node) and isinstance(env.get(o), list) else None for o in ops]
+            return _einsum(eq, labs, [shape(o) for o in ops], out_shape)
+    if name == "embedding":
+        idx = node.args[1] if _is_aten(node) else node.args[0]
+        labs = env.get(idx) if isinstance(idx, fx.Node) else None
+        if isinstance(labs, list) and len(labs) + 1 == len(out_shape):
+            return _same(labs, out_shape[:-1]) + [_dim("feature", out_shape[-1])]
+        return _unknowns(out_shape[:-1]) + [_dim("feature", out_shape[-1])]
+    if name == "conv" and x is not None:
+        w = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
+        ws = shape(w) if isinstance(w, fx.Node) else None
+        return _conv(x, out_shape, len(ws) - 2 if ws is not None else None)
+    if name == "sdpa" and x is not None:
+        v_node = node.args[2] if len(node.args) > 2 else node.kwargs.get("value")
+        vl = env.get(v_node) if isinstance(v_node, fx.Node) else None
+        last = vl[-1] if isinstance(vl, list) and vl else _dim("feature", out_shape[-1])
+        if len(x) == len(out_shape):
+            return _same(x[:-1], out_shape[:-1]) + [_resize(last, out_shape[-1])]
+    if x is None:
+        return _fallback(node, env, params)
+
+    rank = len(x)
+    if name == "permute" or raw == "permute":
+        dims = _dims_arg(node, 1, "dims")
+        if dims is not None and len(dims) == rank:
+            return _permute(x, dims)
+    if name == "transpose":
+        if raw in ("t", "numpy_T") or (rank == 2 and len(node.args) == 1 and not node.kwargs):
+            return list(reversed(x)) if rank == 2 else list(x)
+        d0, d1 = arg(node, 1, "dim0", 0), arg(node, 2, "dim1", 1)
+        if isinstance(d0, int) and isinstance(d1, int) and rank:
+            labs = list(x)
+            a, b = d0 % rank, d1 % rank
+            labs[a], labs[b] = labs[b], labs[a]
+            return labs
+    if name == "movedim":
+        src, dst = arg(node, 1, "source", None), arg(node, 2, "destination", None)
+        if isinstance(src, int):
+            src, dst = [src], [dst]
+        if isinstance(src, (list, tuple)) and isinstance(dst, (list, tuple)) and len(src) == len(dst):
+            src = [int(s) % rank for s in src]
+            dst = [int(d) % rank for d in dst]
+            order = [k for k in range(rank) if k not in src]
+            result: list[Optional[Dim]] = [None] * rank
+            for s, d in zip(src, dst):
+                result[d] = x[s]
+            it = iter(order)
+            return [r if r is not None else x[next(it)] for r in result]
+    if name in ("view", "flatten", "unflatten", "squeeze", "view_as", "reshape_as", "_reshape_alias",
+                "reshape") or raw in ("view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze",
+                                      "view_as", "reshape_as", "ravel"):
+        return _reshape(x, out_shape)
+    if name == "unsqueeze":
+        d = int(arg(node, 1, "dim", 0)) % (rank + 1)
+        labs = list(x)
+        labs.insert(d, _unk(1))
+        return labs
+    if name in ("expand", "expand_as", "broadcast_to"):
+        ext = [_unk(s) for s in out_shape[: len(out_shape) - rank]] + list(x)
+        return [d if _dsize(d) == s else _unk(s) for d, s in zip(ext, out_shape)]
+    if name == "select":
+        d = int(arg(node, 1, "dim", 0)) % rank
+        return _same(x[:d] + x[d + 1:], out_shape)
+    if raw == "diagonal" and len(out_shape) == rank - 1:
+        d1, d2 = int(arg(node, 2, "dim1", 0)) % rank, int(arg(node, 3, "dim2", 1)) % rank
+        return _same([d for k, d in enumerate(x) if k not in (d1, d2)], out_shape[:-1]) + [_unk(out_shape[-1])]
+    if raw in ("diagonal", "unfold", "as_strided", "stride"):
+        return _unknowns(out_shape)
+    red = reduction(node)
+    if red is not None:
+        if red.keepdim or len(out_shape) == rank:
+            return [_unk(1) if k in red.dims else d for k, d in enumerate(x)]
+        kept = [d for k, d in enumerate(x) if k not in red.dims]
+        return kept if len(kept) == len(out_shape) else _unknowns(out_shape)
+    if raw in ("argmax", "argmin", "logsumexp", "prod", "all", "any", "count_nonzero", "nansum", "nanmean") \
+            and len(out_shape) < rank:
+        d = arg(node, 1, "dim", None)
+        if isinstance(d, int):
+            d = d % rank
+            return _same(x[:d] + x[d + 1:], out_shape)
+    if name in ("cat", "concat", "concatenate") and node.args and isinstance(node.args[0], (list, tuple)):
+        parts = [(env.get(a), shape(a)) for a in node.args[0] if isinstance(a, fx.Node)]
+        parts = [(p, s) for p, s in parts if isinstance(p, list) and s is not None and len(p) == len(out_shape)]
+        if parts:
+            d = int(arg(node, 1, "dim", 0)) % len(out_shape)
+            res = []
+            for k, s in enumerate(out_shape):
+                cands = [p[k] for p, _ in parts]
+                known = [c for c in cands if not _is_unknown(c)]
+                res.append(_resize((known or cands)[0], s) if k == d else
+                           _broadcast([s], [[c] for c in cands], [[ps[k]] for _, ps in parts])[0])
+            return res
+    if name == "stack" and node.args and isinstance(node.args[0], (list, tuple)):
+        first = next((env.get(a) for a in node.args[0] if isinstance(a, fx.Node)
+                      and isinstance(env.get(a), list)), None)
+        if first is not None and len(first) + 1 == len(out_shape):
+            d = int(arg(node, 1, "dim", 0)) % len(out_shape)
+            labs = list(first)
+            labs.insert(d, _unk(out_shape[d]))
+            return _same(labs, out_shape)
+    if len(out_shape) == rank and tuple(in_shape or ()) != tuple(out_shape) and (
+            name in ("slice", "narrow", "index", "index_select", "gather", "pad", "constant_pad_nd", "repeat",
+                     "tile", "roll") or _LAYOUT_KEEPING.search(raw)):
+        return _same(x, out_shape)
+    return _fallback(node, env, params)
+
+
+# --------------------------------------------------------------------------------------------- the pass
+def label_dims(cap: Capture, declared_inputs: Optional[list[Label]] = None) -> dict[fx.Node, Any]:
+    """Run the axis pass over ``cap.gm``; returns node -> dims (a list of :data:`Dim` per tensor, a tuple of
+    such lists for tuple outputs, None for non-tensors).
+
+    ``declared_inputs`` (from ``--input-axes``) labels the first user input. A node whose transfer raises is
+    labelled ``unknown`` (the pass never fails a run); the error is kept in ``node.meta["normaudit"]``.
+    """
+    env: dict[fx.Node, Any] = {}
+    gm = cap.gm
+    if gm is None:
+        return env
+    user_inputs = list(cap.user_inputs)
+    first_input = user_inputs[0] if user_inputs else None
+    params = {n for n in gm.graph.nodes if n.op == "get_attr" or (n.op == "placeholder" and n.name not in user_inputs)}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            if node.name in user_inputs:
+                dims: Any = _input_dims(node, cap, declared_inputs if node.name == first_input else None)
+            else:
+                dims = _unknowns(shape(node))
+        else:
+            try:
+                dims = _transfer(node, cap, env, params)
+            except Exception as exc:  # noqa: BLE001 - an op we do not understand: unknown, never a crash
+                node.meta.setdefault("normaudit", {})["axes_error"] = f"{type(exc).__name__}: {exc}"
+                dims = _fallback_safe(node)
+        out_shape = shape(node)
+        if isinstance(dims, list) and out_shape is not None and len(dims) != len(out_shape):
+            dims = _unknowns(out_shape)
+        env[node] = dims
+    return env
+
+
+def _fallback_safe(node: fx.Node) -> Any:
+    out_shape = shape(node)
+    return _unknowns(out_shape) if out_shape is not None else _tensor_unknowns(val(node))
+
+
+def to_labels(dims: Any) -> Any:
+    """Public labels from dims: a list of :data:`Label` per tensor (tuples for tuple outputs)."""
+    if isinstance(dims, list):
+        return [dim_label(d) for d in dims]
+    if isinstance(dims, tuple):
+        return tuple(to_labels(d) for d in dims)
+    return None
+
+
+def label_graph(cap: Capture, declared_inputs: Optional[list[Label]] = None) -> dict[fx.Node, Any]:
+    """Run the axis pass over ``cap.gm``; returns node -> labels (a list of :data:`Label` per tensor, a
+    tuple for tuple outputs) and stores them under ``node.meta["normaudit"]["axes"]`` (and the dims with
+    their parts, :func:`label_dims`, under ``["axis_dims"]``)."""
+    dims = label_dims(cap, declared_inputs)
+    env: dict[fx.Node, Any] = {}
+    for node, d in dims.items():
+        labs = to_labels(d)
+        env[node] = labs
+        meta = node.meta.setdefault("normaudit", {})
+        meta["axes"] = labs
+        meta["axis_dims"] = d
+    return env
 
 
 def flat_labels(labels: Sequence[Label]) -> list[str]:
-    """Base labels of some dims, in order, without repeats (``unknown`` only when nothing else is known)."""
+    """Base labels of some dims, in order, without repeats (``unknown`` only when nothing else is known).
+
+    Dims that are attention heads of a split feature (``head`` together with ``feature``) read as
+    ``feature``: normalising ``(head, feature)`` jointly is normalising the hidden features.
+    """
     out: list[str] = []
     for lab in labels:
         for x in lab:
             if x not in out and x != "unknown":
                 out.append(x)
+    if "head" in out and "feature" in out:
+        out.remove("head")
     if not out and labels:
         out = ["unknown"]
     return out
@@ -366,5 +778,6 @@ def axes_text(labels: Optional[Sequence[Label]]) -> Optional[list[str]]:
     return ["*".join(lab) for lab in labels]
 
 
-def product(xs) -> int:
+def product(xs: Iterable[int]) -> int:
+    """The product of some sizes (1 for none)."""
     return math.prod(int(x) for x in xs)

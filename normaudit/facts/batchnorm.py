@@ -1,0 +1,200 @@
+"""BatchNorm/GroupNorm/InstanceNorm facts: which axis is treated as channels, how many values each channel's
+statistics see, repeated calls, padded sequences, and GroupNorm groups against the configuration.
+
+Per site (``site.channel_axes`` and ``site.extra``):
+
+- ``channel_axes`` (BatchNorm, GroupNorm, InstanceNorm): the axis labels of the input's dim 1, the dim these
+  norms keep one statistic (and one affine weight) per (PyTorch docs: ``(N, C, *)`` input). ``sequence``
+  there means a ``(batch, seq, feature)`` tensor went straight into ``BatchNorm1d``.
+- ``values_per_channel`` (BatchNorm): the number of values each channel's batch statistics are taken over in
+  training at the audited micro-batch (``options.batch_size``): the product of the reduced dims' sizes, with
+  the example batch replaced by the micro-batch. PyTorch raises ``Expected more than 1 value per channel when
+  training`` when it is 1 (``torch.nn.functional._verify_batch_size``).
+- ``calls_per_forward`` (BatchNorm): how many times the module runs in one forward (more than one: a shared
+  BatchNorm inside an unrolled recurrent loop; its statistics then mix time steps, Cooijmans et al. 2016).
+- ``padding_input`` (BatchNorm): the name of a model input that looks like a padding mask (``*mask*``,
+  ``*lengths*``), when the norm's statistics cover the sequence axis.
+
+Model level (``model.extra["groupnorm_config"]``): :func:`groupnorm_config_problems` over the configuration.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from typing import Any, Iterable, Optional
+
+from torch import fx
+
+from normaudit.capture.ir import shape
+from normaudit.facts.axes import flat_labels
+from normaudit.report import ModelFacts
+
+CHANNELWISE = ("BatchNorm", "GroupNorm", "InstanceNorm")
+
+#: configuration keys naming the number of GroupNorm groups (diffusers, HF, timm, LDM/openai UNet configs)
+GROUP_KEYS = ("norm_num_groups", "resnet_groups", "num_groups", "norm_groups", "group_norm_groups",
+              "num_norm_groups", "gn_groups", "groupnorm_groups", "num_group_norm_groups")
+#: keys naming the channel counts those GroupNorms see: lists, or single counts
+CHANNEL_LIST_KEYS = ("block_out_channels", "hidden_sizes", "channels", "channel_list", "encoder_channels",
+                     "decoder_channels", "stage_channels", "widths")
+CHANNEL_INT_KEYS = ("hidden_size", "out_channels", "model_channels", "base_channels", "ch", "width")
+#: a base width times a list of multipliers (LDM ``ch``/``ch_mult``, openai ``model_channels``/``channel_mult``)
+MULT_KEYS = (("model_channels", "channel_mult"), ("base_channels", "channel_mult"), ("ch", "ch_mult"),
+             ("base_channels", "channel_multipliers"))
+
+
+def _find(mapping: Any, keys: Iterable[str]) -> Optional[tuple[str, Any, dict]]:
+    """The first of ``keys`` present (not None) in ``mapping`` or a nested mapping: (key, value, the mapping)."""
+    if not isinstance(mapping, dict):
+        return None
+    for key in keys:
+        if mapping.get(key) is not None:
+            return key, mapping[key], mapping
+    for sub in mapping.values():
+        if isinstance(sub, dict):
+            found = _find(sub, keys)
+            if found is not None:
+                return found
+    return None
+
+
+def _as_int(v: Any) -> Optional[int]:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return None
+
+
+def groupnorm_config_problems(config: Any) -> list[dict[str, Any]]:
+    """GroupNorm group counts in ``config`` that do not divide the channel counts it declares.
+
+    Reads a groups key (:data:`GROUP_KEYS`, e.g. ``norm_num_groups``) and, in the same (possibly nested)
+    mapping or anywhere in ``config``, the channel counts: a list (:data:`CHANNEL_LIST_KEYS`, e.g.
+    ``block_out_channels``), a base width times multipliers (:data:`MULT_KEYS`) or a single count
+    (:data:`CHANNEL_INT_KEYS`). ``nn.GroupNorm(G, C)`` raises at construction unless ``C % G == 0``
+    (PyTorch docs, Wu & He 2018), so this finds the fault from the configuration alone, before any model is
+    built. Returns one dict per problem: ``groups_key``, ``groups``, ``channels_key``, ``channels`` (all the
+    declared counts) and ``bad`` (those not divisible). Never raises; an empty list when nothing applies.
+
+        >>> groupnorm_config_problems({"norm_num_groups": 32, "block_out_channels": [16, 64]})[0]["bad"]
+        [16]
+    """
+    found = _find(config, GROUP_KEYS)
+    if found is None:
+        return []
+    gkey, groups, where = found
+    g = _as_int(groups)
+    if g is None or g <= 0:
+        return []
+    candidates: list[tuple[str, list[int]]] = []
+    for base_key, mult_key in MULT_KEYS:
+        base, mult = where.get(base_key), where.get(mult_key)
+        if _as_int(base) and isinstance(mult, (list, tuple)) and all(_as_int(m) for m in mult):
+            candidates.append((f"{base_key}*{mult_key}", [_as_int(base) * _as_int(m) for m in mult]))
+            break
+    if not candidates:
+        for scope in (where, config):
+            lst = _find(scope, CHANNEL_LIST_KEYS)
+            if lst is not None:
+                key, value, _ = lst
+                if isinstance(value, (list, tuple)):
+                    ints = [_as_int(v) for v in value]
+                    if ints and all(i is not None and i > 0 for i in ints):
+                        candidates.append((key, ints))
+                        break
+                elif _as_int(value):
+                    candidates.append((key, [_as_int(value)]))
+                    break
+    if not candidates:
+        one = _find(where, CHANNEL_INT_KEYS)
+        if one is not None and _as_int(one[1]) and _as_int(one[1]) > 0:
+            candidates.append((one[0], [_as_int(one[1])]))
+    out = []
+    for key, channels in candidates:
+        bad = [c for c in channels if c % g]
+        if bad:
+            out.append({"groups_key": gkey, "groups": g, "channels_key": key, "channels": channels, "bad": bad})
+    return out
+
+
+def _mask_input(ctx: Any) -> Optional[str]:
+    """The name of a model input that looks like a padding mask or lengths, else None."""
+    names: list[str] = []
+    inputs = ctx.inputs
+    if isinstance(inputs, dict):
+        names = list(inputs)
+    elif ctx.cap is not None and ctx.cap.gm is not None:
+        names = list(ctx.cap.user_inputs)
+    for n in names:
+        low = n.lower()
+        if "mask" in low or "length" in low or low.endswith("lens"):
+            return n
+    return None
+
+
+def analyse(ctx: Any, records: list, model: ModelFacts, env: dict[fx.Node, Any]) -> None:
+    """Fill the facts of the module docstring on ``records`` (``SiteRecord``) and ``model``.
+
+    ``env`` is the axis pass's node -> labels map (:func:`normaudit.facts.axes.label_graph`); ``ctx`` a
+    :class:`normaudit.facts.FactContext` (reads ``options["batch_size"]``, ``config``, ``inputs``).
+    """
+    options = ctx.options or {}
+    micro = options.get("batch_size")
+    calls = Counter(r.site.module for r in records if r.site.kind == "BatchNorm")
+    example_batch = _example_batch(ctx)
+    mask = None
+    for rec in records:
+        s = rec.site
+        if s.kind not in CHANNELWISE:
+            continue
+        labels = env.get(rec.input) if rec.input is not None else None
+        if isinstance(labels, list) and len(labels) > 1:
+            s.channel_axes = flat_labels([labels[1]])  # type: ignore[assignment]
+        if s.kind != "BatchNorm":
+            continue
+        s.extra["calls_per_forward"] = calls[s.module]
+        shp = s.input_shape or (list(shape(rec.input)) if rec.input is not None and shape(rec.input) else None)
+        if shp and s.reduced_dims is not None:
+            values = math.prod(shp[d] for d in s.reduced_dims if d < len(shp))
+            if micro and example_batch and "batch" in (s.normalized_axes or []) and values % example_batch == 0:
+                values = values // example_batch * int(micro)
+            s.extra["values_per_channel"] = int(values)
+            if values == 1 and s.training:
+                texts = [options.get("train_error")] + [a.error for a in getattr(ctx.cap, "attempts", [])]
+                raised = next((m for m in map(_one_value_error, texts) if m), None)
+                if raised is None and micro:
+                    raised = (f"Expected more than 1 value per channel when training, got input size "
+                              f"torch.Size({[int(micro)] + list(shp[1:])})")
+                s.extra["train_error"] = raised
+        if "sequence" in (s.normalized_axes or []):
+            if mask is None:
+                mask = _mask_input(ctx) or ""
+            s.extra["padding_input"] = mask or None
+    model.extra["groupnorm_config"] = groupnorm_config_problems(ctx.config or {})
+
+
+_ONE_VALUE = re.compile(r"Expected more than 1 value per channel when training, got input size "
+                        r"torch\.Size\(\[[^\]]*\]\)")
+
+
+def _one_value_error(text: Optional[str]) -> Optional[str]:
+    """PyTorch's one-value-per-channel message out of a capture error (which may carry a traceback)."""
+    if not text:
+        return None
+    m = _ONE_VALUE.search(text)
+    return m.group(0) if m else None
+
+
+def _example_batch(ctx: Any) -> Optional[int]:
+    """The batch size of the example inputs (dim 0 of the first tensor input)."""
+    import torch
+
+    inputs = ctx.inputs
+    first = next(iter(inputs.values()), None) if isinstance(inputs, dict) else (inputs[0] if inputs else None)
+    if isinstance(first, torch.Tensor) and first.dim() > 0:
+        return int(first.shape[0])
+    return None

@@ -1,0 +1,734 @@
+"""Dynamic probes: run the model again, and see what each norm does when something else changes.
+
+**Size probe** (:func:`size_probe`; on by default for graphs of up to :data:`SIZE_PROBE_MAX_NODES` nodes,
+``--probe size`` forces it). The model runs a second time on fake tensors with every spatial or sequence
+axis of its inputs (as labelled by :mod:`normaudit.facts.axes`) resized to a size that keeps every stride
+in the graph integral (patch sizes, pooling, windows) and differs from every channel/feature count in the
+graph, so a ``W == C`` coincidence cannot recur. A symbolically traced graph is re-interpreted node by node
+(exact per-node shapes, the failing node named); an exported graph, whose sizes are baked in, is replaced
+by an eager run of the fake model with module hooks. A site is *tied to the input size* when a dim it
+normalises (LayerNorm/RMSNorm) or keeps per channel (BatchNorm/GroupNorm/InstanceNorm dim 1) changes size,
+or when the run fails at that norm only at the new size. Facts: ``site.size_probe``
+(:class:`normaudit.report.SizeProbe`).
+
+**Batch-independence probe** (:func:`batch_probe`, opt-in: ``--probe batch``). Layer normalisation's
+central property is that each example is normalised by its own statistics, independent of the other
+examples in the batch (Ba, Kiros, Hinton 2016, arXiv 1607.06450, section 3); batch normalisation's
+training-mode output depends on them by design (Ioffe & Szegedy 2015, arXiv 1502.03167). The probe makes
+it executable: a small real copy of the model (materialised from the meta model, parameters initialised
+deterministically; refused above :data:`BATCH_PROBE_MAX_PARAMS` parameters; never on fake tensors) runs in
+train mode on a batch of :data:`PROBE_BATCH` twice, example 0 identical and the other examples different,
+with the same random seed (so dropout masks agree). A forward pre-hook pins example 0's input of every
+site module to its value in the first run, so a change in example 0's output is caused by that site alone.
+Facts: ``site.batch_probe`` (:class:`normaudit.report.BatchProbe`), with the measured maximum absolute
+change of example 0's output.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch import fx, nn
+
+from normaudit.capture import Capture
+from normaudit.capture.ir import owner, shape
+from normaudit.report import BatchProbe, SizeProbe
+
+SIZE_PROBE_MAX_NODES = 4000
+BATCH_PROBE_MAX_PARAMS = 50_000_000
+PROBE_BATCH = 4
+RESIZABLE = ("sequence", "height", "width", "depth")
+CHANNELWISE = ("BatchNorm", "GroupNorm", "InstanceNorm")
+
+# ============================================================================================ size probe
+@dataclass
+class ResizePlan:
+    """New sizes for the resizable input axes: ``sizes[(label, old)] = new``; ``text`` for the report."""
+
+    sizes: dict[tuple[str, int], int]
+    text: str
+    per_input: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # input -> [(dim, new size)]
+
+
+def _axis_dims(node: fx.Node) -> Any:
+    return (node.meta.get("normaudit") or {}).get("axis_dims")
+
+
+def _two_adic(n: int) -> int:
+    return n & -n if n > 0 else 1
+
+
+def plan_resize(cap: Capture, records: list) -> Optional[ResizePlan]:
+    """Choose new sizes for the inputs' spatial/sequence axes (see the module docstring), or None when no
+    input has such an axis.
+
+    For an axis of size ``old`` that takes sizes ``s_i`` somewhere in the graph (after strided convs,
+    patching, pooling, windows), the new size is a multiple of ``lcm(old / gcd(old, s_i))`` (and of
+    ``min(2-adic part of old, 8)``) above ``old``, so every ``s_i * new / old`` stays an integer, chosen so
+    that neither it nor any scaled ``s_i`` equals a channel/feature/head count of the graph.
+    """
+    gm = cap.gm
+    if gm is None:
+        return None
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder" and n.name in cap.user_inputs]
+    wanted: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for n in inputs:
+        dims = _axis_dims(n)
+        if not isinstance(dims, list):
+            continue
+        for k, d in enumerate(dims):
+            if len(d) == 1 and len(d[0][0]) == 1 and d[0][0][0] in RESIZABLE and d[0][1] > 1:
+                wanted.setdefault((d[0][0][0], int(d[0][1])), []).append((n.name, k))
+    if not wanted:
+        return None
+    seen: dict[str, set[int]] = {lab: set() for lab, _ in wanted}
+    forbidden: set[int] = set()
+    for node in gm.graph.nodes:
+        dims = _axis_dims(node)
+        for tensor_dims in (dims if isinstance(dims, tuple) else (dims,)):
+            if not isinstance(tensor_dims, list):
+                continue
+            for d in tensor_dims:
+                for names, size in d:
+                    if len(names) == 1 and names[0] in seen:
+                        seen[names[0]].add(int(size))
+                    if set(names) <= {"channel", "feature", "head"} and "unknown" not in names:
+                        forbidden.add(int(size))
+                if len(d) > 1 or len(d[0][0]) > 1:
+                    size = math.prod(p[1] for p in d)
+                    if set(n for p in d for n in p[0]) <= {"channel", "feature", "head"}:
+                        forbidden.add(int(size))
+    for rec in records:
+        s = rec.site
+        forbidden.update(int(x) for x in (s.normalized_shape or []))
+        if s.num_channels:
+            forbidden.add(int(s.num_channels))
+    sizes: dict[tuple[str, int], int] = {}
+    for (lab, old) in wanted:
+        g = 1
+        for s in seen[lab]:
+            if s > 0:
+                g = math.lcm(g, old // math.gcd(old, s))
+        g = math.lcm(g, min(_two_adic(old), 8))
+        if g > old:
+            g = old
+        scaled_from = sorted(s for s in seen[lab] if s > 0)
+
+        def ok(new: int) -> bool:
+            if new in forbidden or new <= 0:
+                return False
+            for s in scaled_from:
+                if (s * new) % old == 0 and (s * new) // old in forbidden and (s * new) // old != s:
+                    return False
+            return True
+
+        cands = [old + g * k for k in range(1, 13)] + [old - g * k for k in range(1, 13) if old - g * k > 1]
+        sizes[(lab, old)] = next((c for c in cands if ok(c)), old + g)
+    per_input: dict[str, list[tuple[int, int]]] = {}
+    for key, places in wanted.items():
+        for name, k in places:
+            per_input.setdefault(name, []).append((k, sizes[key]))
+    text = ", ".join(f"{lab} {old}->{new}" for (lab, old), new in sorted(sizes.items(), key=lambda kv: _order(kv[0][0])))
+    return ResizePlan(sizes=sizes, text=text, per_input=per_input)
+
+
+def _order(label: str) -> int:
+    return RESIZABLE.index(label) if label in RESIZABLE else 99
+
+
+def _resize_tensor(t: torch.Tensor, dim: int, new: int) -> torch.Tensor:
+    """``t`` with dim ``dim`` cropped or tiled (repeating its own values) to ``new``."""
+    old = t.shape[dim]
+    if new <= old:
+        return t.narrow(dim, 0, new).clone()
+    reps = -(-new // old)
+    return torch.cat([t] * reps, dim=dim).narrow(dim, 0, new).clone()
+
+
+def resized_inputs(inputs: Any, user_inputs: list[str], plan: ResizePlan) -> Any:
+    """The real example ``inputs`` (tuple or dict) with the plan's axes resized (values tiled or cropped,
+    so token ids and masks stay valid)."""
+    def fix(name: str, t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        for dim, new in plan.per_input.get(name, []):
+            if dim < t.dim():
+                t = _resize_tensor(t, dim, new)
+        return t
+
+    if isinstance(inputs, dict):
+        return {k: fix(k, v) for k, v in inputs.items()}
+    return tuple(fix(user_inputs[i] if i < len(user_inputs) else "", v) for i, v in enumerate(inputs))
+
+
+def _fake_mode(root: nn.Module):
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    for t in itertools.chain(root.parameters(), root.buffers()):
+        if isinstance(t, FakeTensor):
+            return t.fake_mode
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def _to_fake(inputs: Any, mode, dtype: torch.dtype) -> Any:
+    def conv(t):
+        if isinstance(t, torch.Tensor):
+            if t.is_floating_point() and dtype != torch.float32:
+                t = t.to(dtype)
+            return mode.from_tensor(t)
+        return t
+
+    if isinstance(inputs, dict):
+        return {k: conv(v) for k, v in inputs.items()}
+    return tuple(conv(t) for t in inputs)
+
+
+def _one_line(exc: BaseException) -> str:
+    """One line of what was raised: the exception type and message, without fx's "While executing" and
+    traceback additions, at most 240 characters."""
+    text = " ".join(str(exc).split())
+    text = text.split(" While executing ")[0].strip()
+    if len(text) > 240:
+        text = text[:237] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class _ShapeRecorder(fx.Interpreter):
+    """Re-runs a symbolically traced graph and records each node's output shape (the graph is not touched)."""
+
+    def __init__(self, gm: fx.GraphModule):
+        super().__init__(gm, garbage_collect_values=True)
+        self.shapes: dict[fx.Node, Optional[tuple[int, ...]]] = {}
+        self.failed: Optional[tuple[fx.Node, BaseException]] = None
+
+    def run_node(self, n: fx.Node) -> Any:
+        try:
+            result = super().run_node(n)
+        except Exception as exc:
+            self.failed = (n, exc)
+            raise
+        if isinstance(result, torch.Tensor):
+            self.shapes[n] = tuple(int(s) for s in result.shape)
+        return result
+
+
+@contextlib.contextmanager
+def _mode_of(root: nn.Module, eval_mode: bool):
+    states = {m: m.training for m in root.modules()}
+    if eval_mode:
+        root.eval()
+    try:
+        yield
+    finally:
+        for m, t in states.items():
+            m.training = t
+
+
+def _dims_of_interest(site) -> list[int]:
+    if site.kind in ("LayerNorm", "RMSNorm"):
+        return list(site.reduced_dims or [])
+    if site.kind in CHANNELWISE:
+        return [1] if site.input_shape and len(site.input_shape) > 1 else []
+    return []
+
+
+def _site_fact(site, plan: ResizePlan, new_shape: Optional[tuple[int, ...]], error: Optional[str]) -> SizeProbe:
+    changed: list[int] = []
+    if new_shape is not None and site.input_shape is not None and len(new_shape) == len(site.input_shape):
+        changed = [d for d in _dims_of_interest(site) if d < len(new_shape) and new_shape[d] != site.input_shape[d]]
+    return SizeProbe(resize=plan.text, input_shape=list(new_shape) if new_shape is not None else None,
+                     changed_dims=changed, error=error, tied=bool(changed) or error is not None)
+
+
+def _failed_at_site(node: fx.Node, rec, modules: dict) -> bool:
+    s = rec.site
+    if node in rec.nodes or node is rec.output:
+        return True
+    if node.op == "call_module" and str(node.target) == s.module:
+        return True
+    mod = modules.get(s.module)
+    if s.detected_by == "pattern" and owner(node, modules) == s.module and mod is not None \
+            and not any(True for _ in mod.children()):
+        return True
+    return False
+
+
+def _probe_symbolic(cap: Capture, records: list, fake_args: tuple, plan: ResizePlan) -> tuple[list[str], int]:
+    rec_by_input: dict = {}
+    interp = _ShapeRecorder(cap.gm)
+    failure: Optional[str] = None
+    try:
+        interp.run(*fake_args)
+    except Exception as exc:  # noqa: BLE001 - a failure is a finding, recorded below
+        failure = _one_line(exc)
+    tied = 0
+    notes: list[str] = []
+    failed_node = interp.failed[0] if interp.failed else None
+    attributed = False
+    for rec in records:
+        s = rec.site
+        err = None
+        if failed_node is not None and _failed_at_site(failed_node, rec, cap.modules):
+            err, attributed = failure, True
+        new_shape = interp.shapes.get(rec.input) if rec.input is not None else None
+        s.size_probe = _site_fact(s, plan, new_shape, err)
+        tied += s.size_probe.tied
+        rec_by_input[id(rec)] = new_shape
+    if failed_node is not None and not attributed:
+        where = owner(failed_node, cap.modules) or "the model's forward"
+        notes.append(f"size probe: at {plan.text} the model fails at {where} ({failed_node.format_node()}), "
+                     f"not at a norm: {failure}; later sites not measured")
+    return notes, tied
+
+
+def _first_tensor(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            return a
+    return None
+
+
+_FUSED = ("layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm", "local_response_norm")
+_REDUCE = ("mean", "var", "std", "var_mean", "std_mean", "sum", "norm", "linalg_vector_norm", "amax")
+
+
+@dataclass
+class _EagerRun:
+    """What one eager run on fake tensors saw: per module path, the fused norm calls and reductions made
+    directly in its forward (name, input shape), in order; and where it failed."""
+
+    calls: dict[str, list[tuple[str, tuple[int, ...]]]] = field(default_factory=dict)
+    failed_module: Optional[str] = None
+    failed_in_norm: bool = False
+    error: Optional[BaseException] = None
+
+
+def _run_eager(root: nn.Module, fake_args: Any) -> _EagerRun:
+    """Run ``root`` (fake) once, with module hooks keeping the stack of active modules and a
+    ``TorchFunctionMode`` recording each fused norm call and reduction with the innermost active module."""
+    from torch.overrides import TorchFunctionMode
+
+    run = _EagerRun()
+    stack: list[str] = []
+    handles = []
+    for path, mod in root.named_modules():
+        def pre(m, args, kwargs, _p=path):
+            stack.append(_p)
+
+        def post(m, args, kwargs, out, _p=path):
+            if stack and stack[-1] == _p:
+                stack.pop()
+
+        handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(mod.register_forward_hook(post, with_kwargs=True))
+
+    class Recorder(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = getattr(func, "__name__", "")
+            if name in _FUSED or name in _REDUCE:
+                t = args[0] if args and isinstance(args[0], torch.Tensor) else None
+                if t is not None:
+                    run.calls.setdefault(stack[-1] if stack else "", []).append(
+                        (name, tuple(int(x) for x in t.shape)))
+                if name in _FUSED:
+                    try:
+                        return func(*args, **kwargs)
+                    except Exception:
+                        run.failed_in_norm = True
+                        raise
+            return func(*args, **kwargs)
+
+    try:
+        args, kwargs = ((), dict(fake_args)) if isinstance(fake_args, dict) else (tuple(fake_args), {})
+        if getattr(getattr(root, "config", None), "use_cache", None) is not None:
+            kwargs.setdefault("use_cache", False)
+        with Recorder():
+            root(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - recorded
+        run.failed_module, run.error = (stack[-1] if stack else ""), exc
+    finally:
+        for h in handles:
+            h.remove()
+    return run
+
+
+def _site_call(rec, run: _EagerRun, order: dict[int, int], old: Optional[_EagerRun]) -> Optional[int]:
+    """Index, in ``run.calls[site.module]``, of the call that computes this site: the k-th fused norm call
+    for a fused site; for a hand-written one the k-th reduction whose input had the site's statistic input
+    shape in the run at the captured size (``old``)."""
+    s = rec.site
+    k = order[id(rec)]
+    ref = old if old is not None else run
+    calls = ref.calls.get(s.module, [])
+    if s.detected_by in ("module", "functional"):
+        idx = [i for i, (name, _) in enumerate(calls) if name in _FUSED]
+    else:
+        src = rec.stat.args[0] if rec.stat is not None and rec.stat.args else rec.input
+        want = shape(src) if src is not None else None
+        idx = [i for i, (name, shp) in enumerate(calls) if name in _REDUCE and want is not None and shp == want]
+    return idx[k] if k < len(idx) else None
+
+
+def _probe_eager(cap: Capture, records: list, old_args: Any, new_args: Any, plan: ResizePlan) -> tuple[list[str], int]:
+    old = _run_eager(cap.root, old_args)
+    if old.error is not None:
+        for rec in records:
+            rec.site.size_probe = None
+        return [f"size probe skipped: the model does not run eagerly on fake tensors at the captured size "
+                f"({_one_line(old.error)})"], 0
+    new = _run_eager(cap.root, new_args)
+    order: dict[int, int] = {}
+    counters: dict[tuple[str, bool], int] = {}
+    for rec in records:
+        key = (rec.site.module, rec.site.detected_by in ("module", "functional"))
+        order[id(rec)] = counters.get(key, 0)
+        counters[key] = order[id(rec)] + 1
+    notes: list[str] = []
+    tied = 0
+    attributed = False
+    for rec in records:
+        s = rec.site
+        mod = cap.modules.get(s.module)
+        i = _site_call(rec, new, order, old)
+        new_calls = new.calls.get(s.module, [])
+        new_shape = None
+        if i is not None and i < len(new_calls) and new_calls[i][0] == old.calls[s.module][i][0]:
+            new_shape = new_calls[i][1]
+            if s.detected_by == "pattern" and rec.input is not None and shape(rec.input) is not None \
+                    and len(new_shape) != len(shape(rec.input)):
+                new_shape = None
+        err = None
+        reached = i is not None and i < len(new_calls)
+        if new.error is not None and new.failed_module == s.module and (
+                (new.failed_in_norm and reached and i == len(new_calls) - 1)
+                or (s.detected_by == "pattern" and mod is not None and not any(True for _ in mod.children())
+                    and (reached or not new_calls))):
+            if not (attributed and s.detected_by == "pattern"):
+                err, attributed = _one_line(new.error), True
+        s.size_probe = _site_fact(s, plan, new_shape, err)
+        tied += s.size_probe.tied
+    if new.error is not None and not attributed:
+        notes.append(f"size probe: at {plan.text} the model fails at {new.failed_module or 'its own forward'}, "
+                     f"not at a norm: {_one_line(new.error)}; later sites not measured")
+    return notes, tied
+
+
+def size_probe(ctx: Any, records: list) -> list[str]:
+    """Run the size probe (module docstring) and set ``site.size_probe`` on ``records``; returns notes.
+
+    ``ctx`` is a :class:`normaudit.facts.FactContext` (reads ``cap``, ``inputs``, ``options["dtype"]``).
+    The models and graph are not modified (train/eval flags are restored). Never raises.
+    """
+    cap = ctx.cap
+    if cap.gm is None or ctx.inputs is None:
+        return []
+    plan = plan_resize(cap, records)
+    if plan is None:
+        return []
+    t0 = time.perf_counter()
+    dtype = getattr(torch, (ctx.options or {}).get("dtype", "float32"))
+    try:
+        mode = _fake_mode(cap.root)
+        new_real = resized_inputs(ctx.inputs, list(cap.user_inputs), plan)
+        with _mode_of(cap.root, cap.eval_fallback), _quiet():
+            new_fake = _to_fake(new_real, mode, dtype)
+            with mode:
+                if cap.method == "symbolic_trace" and not isinstance(new_fake, dict):
+                    notes, tied = _probe_symbolic(cap, records, new_fake, plan)
+                else:
+                    old_fake = _to_fake(ctx.inputs, mode, dtype)
+                    notes, tied = _probe_eager(cap, records, old_fake, new_fake, plan)
+    except Exception as exc:  # noqa: BLE001 - a probe never fails the audit
+        for rec in records:
+            rec.site.size_probe = None
+        return [f"size probe failed ({_one_line(exc)}); no size facts"]
+    took = time.perf_counter() - t0
+    head = (f"size probe: re-ran the model with {plan.text} ({'graph re-interpreted' if cap.method == 'symbolic_trace' and not isinstance(ctx.inputs, dict) else 'eager run on fake tensors'}, "
+            f"{took:.2f} s); {tied} of {len(records)} site(s) tied to the input size")
+    return [head] + notes
+
+
+@contextlib.contextmanager
+def _quiet():
+    import logging
+    import warnings
+
+    logger = logging.getLogger("torch")
+    old = logger.level
+    logger.setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            yield
+        finally:
+            logger.setLevel(old)
+
+
+# ============================================================================================ batch probe
+def materialise(model: nn.Module, seed: int = 0) -> nn.Module:
+    """A real CPU copy of ``model`` for probing (the argument is never modified).
+
+    A model with meta (or fake) tensors is copied and given storage with ``to_empty(device="cpu")``; then
+    every module's ``reset_parameters()`` runs under ``torch.manual_seed(seed)``, and what no module reset
+    is filled by name: 1-D ``weight``/``gamma``/``scale``/``g`` -> 1, ``bias``/``beta``/``b`` -> 0, other
+    parameters N(0, 0.02^2), floating buffers 0 (rotary ``inv_freq`` 0: no rotation), integer buffers 0.
+    A real model is deep-copied as is. Raises what ``to_empty`` or a ``reset_parameters`` raises.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    m = copy.deepcopy(model)
+    tensors = list(itertools.chain(m.parameters(), m.buffers()))
+    if not any(t.is_meta or isinstance(t, FakeTensor) for t in tensors):
+        return m
+    m.to_empty(device="cpu")
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        with torch.no_grad():
+            for t in m.parameters():
+                t.fill_(float("nan")) if t.is_floating_point() else None
+            for b in m.buffers():
+                if b.is_floating_point():
+                    b.fill_(float("nan"))
+                elif b.dtype != torch.bool:
+                    b.fill_(-7919)
+            for mod in m.modules():
+                reset = getattr(mod, "reset_parameters", None)
+                if callable(reset):
+                    try:
+                        reset()
+                    except Exception:  # noqa: BLE001 - fall back to the name-based fill below
+                        pass
+            for name, p in m.named_parameters():
+                if not p.is_floating_point() or not torch.isnan(p).any():
+                    continue
+                leaf = name.rsplit(".", 1)[-1].lower()
+                if p.dim() <= 1 and leaf in ("weight", "gamma", "scale", "g", "alpha", "a_2", "gain"):
+                    p.fill_(1.0)
+                elif p.dim() <= 1 and leaf in ("bias", "beta", "b", "b_2", "shift"):
+                    p.zero_()
+                else:
+                    p.normal_(0.0, 0.02)
+            for b in m.buffers():
+                if b.is_floating_point() and torch.isnan(b).any():
+                    b.zero_()
+                elif not b.is_floating_point() and b.dtype != torch.bool and (b == -7919).any():
+                    b.zero_()
+    finally:
+        torch.random.set_rng_state(gen_state)
+    return m
+
+
+def _batch_dims(cap: Capture) -> dict[str, Optional[int]]:
+    out: dict[str, Optional[int]] = {}
+    for n in cap.gm.graph.nodes if cap.gm is not None else ():
+        if n.op == "placeholder" and n.name in cap.user_inputs:
+            dims = _axis_dims(n)
+            out[n.name] = next((k for k, d in enumerate(dims or []) if d[0][0] == ("batch",)), None) \
+                if isinstance(dims, list) else None
+    return out
+
+
+def _other_rows(row0: torch.Tensor, dim: int, count: int, variant: int) -> torch.Tensor:
+    """``count`` examples unlike ``row0`` (floats: random with row 0's mean and spread; integers: row 0's
+    values rolled along the last axis, so ids stay in range and all-ones masks stay all ones)."""
+    g = torch.Generator().manual_seed(1000 + variant)
+    rows = []
+    for j in range(count):
+        if row0.is_floating_point():
+            std = float(row0.float().std()) if row0.numel() > 1 else 1.0
+            std = std if math.isfinite(std) and std > 0 else 1.0
+            r = torch.randn(row0.shape, generator=g, dtype=torch.float32) * std + float(row0.float().mean())
+            rows.append(r.to(row0.dtype))
+        elif row0.dtype == torch.bool or row0.dim() == 0:
+            rows.append(row0.clone())
+        else:
+            shift = 1 + variant * (count + 1) + j
+            rows.append(torch.roll(row0, shifts=shift % max(row0.shape[-1], 1), dims=-1))
+    return torch.cat(rows, dim=dim)
+
+
+def _probe_batches(inputs: Any, user_inputs: list[str], batch_dims: dict[str, Optional[int]]) -> tuple[Any, Any]:
+    """Two batches of :data:`PROBE_BATCH` examples sharing example 0 (the first example of ``inputs``)."""
+    def make(name: str, t: Any, variant: int) -> Any:
+        d = batch_dims.get(name)
+        if not isinstance(t, torch.Tensor) or d is None or d >= t.dim():
+            return t
+        row0 = t.narrow(d, 0, 1)
+        return torch.cat([row0, _other_rows(row0, d, PROBE_BATCH - 1, variant)], dim=d)
+
+    if isinstance(inputs, dict):
+        return ({k: make(k, v, 1) for k, v in inputs.items()}, {k: make(k, v, 2) for k, v in inputs.items()})
+    names = [user_inputs[i] if i < len(user_inputs) else "" for i in range(len(inputs))]
+    return (tuple(make(n, v, 1) for n, v in zip(names, inputs)), tuple(make(n, v, 2) for n, v in zip(names, inputs)))
+
+
+def _call(model: nn.Module, args: Any) -> Any:
+    a, kw = ((), dict(args)) if isinstance(args, dict) else (tuple(args), {})
+    if getattr(getattr(model, "config", None), "use_cache", None) is not None:
+        kw.setdefault("use_cache", False)
+    return model(*a, **kw)
+
+
+def _out_tensor(out: Any) -> Optional[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    return None
+
+
+def batch_probe(ctx: Any, records: list, env: dict) -> list[str]:
+    """Run the batch-independence probe (module docstring); sets ``site.batch_probe``; returns notes.
+
+    ``env`` is the axis pass's node -> labels map (the batch axis of each site's input). Never raises: a
+    model that cannot be materialised or run leaves the sites unmeasured, with a note.
+    """
+    cap = ctx.cap
+    model = ctx.probe_model
+    if model is None or cap.gm is None or ctx.inputs is None:
+        return ["batch probe skipped: no capture or no example inputs"]
+    n_params = sum(p.numel() for p in model.parameters())
+    if n_params > BATCH_PROBE_MAX_PARAMS:
+        return [f"batch probe skipped: the model has {n_params / 1e6:.0f}M parameters (limit "
+                f"{BATCH_PROBE_MAX_PARAMS // 1_000_000}M); run it on a smaller configuration of the same code"]
+    batch_dims = _batch_dims(cap)
+    if not any(d is not None for d in batch_dims.values()):
+        return ["batch probe skipped: no model input has a batch axis"]
+    t0 = time.perf_counter()
+    try:
+        real = materialise(model)
+    except Exception as exc:  # noqa: BLE001
+        return [f"batch probe skipped: the model could not be materialised ({_one_line(exc)})"]
+    real.train()
+    xa, xb = _probe_batches(ctx.inputs, list(cap.user_inputs), batch_dims)
+    modules = dict(real.named_modules())
+    site_paths = {r.site.module for r in records}
+    measured: dict[str, tuple[int, list]] = {}   # path -> (batch dim, [per-call site])
+    for rec in records:
+        s = rec.site
+        labels = env.get(rec.input) if rec.input is not None else None
+        bd = next((k for k, lab in enumerate(labels) if "batch" in lab), None) if isinstance(labels, list) else None
+        note = None
+        if not s.module:
+            note = "not measured: a norm in the model's own forward"
+        elif s.module not in modules:
+            note = "not measured: module not found in the copy"
+        elif any(p != s.module and p.startswith(s.module + ".") for p in site_paths):
+            note = "not measured: the module contains other norms"
+        elif bd is None:
+            note = "not measured: the site's input has no batch axis"
+        s.batch_probe = BatchProbe(batch_size=PROBE_BATCH, note=note)
+        if note is None:
+            measured.setdefault(s.module, (bd, []))
+    if not measured:
+        return ["batch probe: no site could be measured"]
+
+    record_a: dict[str, list] = {p: [] for p in measured}
+    record_b: dict[str, list] = {p: [] for p in measured}
+    state = {"phase": "a"}
+
+    def make_hooks(path: str, bd: int):
+        def pre(m, args, kwargs):
+            if state["phase"] != "b":
+                t = _first_tensor(args, kwargs)
+                record_a[path].append([t.detach().clone() if t is not None else None, None])
+                return None
+            k = len(record_b[path])
+            record_b[path].append([None, None])
+            ref = record_a[path][k][0] if k < len(record_a[path]) else None
+            t = _first_tensor(args, kwargs)
+            if ref is None or t is None or t.shape != ref.shape or t.dim() <= bd:
+                return None
+            pinned = t.clone()
+            pinned.narrow(bd, 0, 1).copy_(ref.narrow(bd, 0, 1))
+            args = tuple(pinned if a is t else a for a in args)
+            kwargs = {key: (pinned if v is t else v) for key, v in kwargs.items()}
+            return args, kwargs
+
+        def post(m, args, kwargs, out):
+            o = _out_tensor(out)
+            rec_list = record_a[path] if state["phase"] != "b" else record_b[path]
+            if rec_list:
+                rec_list[-1][1] = o.detach().clone() if o is not None else None
+            return None
+
+        return pre, post
+
+    handles = []
+    for path, (bd, _) in measured.items():
+        pre, post = make_hooks(path, bd)
+        handles.append(modules[path].register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(modules[path].register_forward_hook(post, with_kwargs=True))
+    buffers = {k: v.detach().clone() for k, v in real.state_dict(keep_vars=True).items()}
+    rng = torch.random.get_rng_state()
+    try:
+        with torch.no_grad(), _quiet():
+            torch.manual_seed(0)
+            _call(real, xa)
+            real.load_state_dict(buffers, strict=False)
+            state["phase"] = "b"
+            torch.manual_seed(0)
+            _call(real, xb)
+    except Exception as exc:  # noqa: BLE001
+        for rec in records:
+            if rec.site.batch_probe is not None and rec.site.batch_probe.note is None:
+                rec.site.batch_probe.note = "not measured: the model failed in the probe run"
+        return [f"batch probe failed: the model does not run on a real batch of {PROBE_BATCH} in train mode "
+                f"({_one_line(exc)})"]
+    finally:
+        for h in handles:
+            h.remove()
+        torch.random.set_rng_state(rng)
+    coupled = 0
+    for rec in records:
+        s = rec.site
+        if s.batch_probe is None or s.batch_probe.note is not None or s.module not in measured:
+            continue
+        bd = measured[s.module][0]
+        k = s.call_index
+        a = record_a[s.module][k][1] if k < len(record_a[s.module]) else None
+        b = record_b[s.module][k][1] if k < len(record_b[s.module]) else None
+        if a is None or b is None or a.shape != b.shape or a.dim() <= bd or not a.is_floating_point():
+            s.batch_probe.note = "not measured: no comparable tensor output"
+            continue
+        a0, b0 = a.narrow(bd, 0, 1).double(), b.narrow(bd, 0, 1).double()
+        change = float((a0 - b0).abs().max()) if a0.numel() else 0.0
+        scale = float(a0.abs().max()) if a0.numel() else 0.0
+        tol = 1e-6 * max(1.0, scale)
+        s.batch_probe.row0_max_change = change
+        s.batch_probe.row0_scale = scale
+        s.batch_probe.tolerance = tol
+        s.batch_probe.coupled = not (change <= tol)
+        coupled += bool(s.batch_probe.coupled)
+    took = time.perf_counter() - t0
+    return [f"batch probe: {PROBE_BATCH} examples in train mode, example 0 fixed ({took:.2f} s); "
+            f"{coupled} site(s) couple examples"]
+
+
+# ============================================================================================ entry point
+def run(ctx: Any, records: list, env: dict) -> list[str]:
+    """Run the probes ``ctx.options`` asks for (``probes``: ``size`` forces the size probe, ``batch`` runs the
+    batch probe); the size probe also runs by default on graphs of up to :data:`SIZE_PROBE_MAX_NODES` nodes.
+    Returns notes for the report."""
+    cap = ctx.cap
+    if cap.gm is None or not records:
+        return []
+    probes = list((ctx.options or {}).get("probes") or [])
+    notes: list[str] = []
+    n_nodes = len(cap.gm.graph.nodes)
+    if "size" in probes or n_nodes <= SIZE_PROBE_MAX_NODES:
+        notes += size_probe(ctx, records)
+    else:
+        notes.append(f"size probe skipped: the graph has {n_nodes} nodes (default limit {SIZE_PROBE_MAX_NODES}); "
+                     f"'--probe size' runs it")
+    if "batch" in probes:
+        notes += batch_probe(ctx, records, env)
+    return notes

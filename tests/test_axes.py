@@ -1,0 +1,319 @@
+"""Axis provenance (normaudit.facts.axes), the size probe (normaudit.facts.probes) and the layout rules NL1xx.
+
+Exact modules, axes and values are asserted. The rule fixtures live in tests/fixtures/layout/<ID>_<n>.py: each
+declares ``EXPECT`` (rule id -> the exact modules it must flag), ``NOT_FLAGGED`` (sites that must exist and stay
+unflagged), optionally ``AXES``/``INPUT_AXES``/``CHANNEL_AXES`` (per module), ``SEVERITY``, ``OPTIONS`` (audit
+options, e.g. probes) and ``CAPTURE`` (the capture method expected). ``run_fixture`` is shared with
+test_batchnorm.py.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from normaudit.audit import AuditOptions, run_audit
+from normaudit.capture import capture_model
+from normaudit.engine.loader import builtin_rules_dir, load_rule_file
+from normaudit.facts import axes as axes_pass
+from normaudit.facts import probes as probes_pass
+from normaudit.facts.sites import discover_sites
+
+from conftest import audit_model, flagged, site
+
+FIXTURES = Path(__file__).parent / "fixtures"
+LAYOUT = sorted((FIXTURES / "layout").glob("N*.py"))
+MY_FAMILIES = ("layout", "batchnorm")
+
+
+@pytest.fixture(scope="session")
+def my_rules():
+    """The layout and batchnorm rules only, so these tests do not depend on other families' files."""
+    d = builtin_rules_dir()
+    files = sorted(p for fam in MY_FAMILIES for p in (d / fam).glob("*.yaml"))
+    return {r.id: r for r in (load_rule_file(p) for p in files)}
+
+
+def load_fixture(path: Path):
+    spec = importlib.util.spec_from_file_location(f"fixture_{path.stem}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_fixture(path: Path, rules) -> None:
+    """Audit one rule fixture and check everything it declares."""
+    spec = load_fixture(path)
+    opts = dict(getattr(spec, "OPTIONS", {}))
+    if "config" in opts:
+        opts["config"] = str(path.parent / opts["config"])
+    r = run_audit(AuditOptions(target=str(path), **opts), rules)
+    modules = {s.module for s in r.sites}
+    for rule_id, expected in spec.EXPECT.items():
+        assert flagged(r, rule_id) == sorted(expected), (rule_id, [f.message for f in r.findings])
+    for (rule_id, module), sev in getattr(spec, "SEVERITY", {}).items():
+        assert [f.severity for f in r.findings if f.rule_id == rule_id and f.module == module] == [sev]
+    for module in spec.NOT_FLAGGED:
+        assert module in modules, f"true negative {module!r} is not a site: {sorted(modules)}"
+        assert not [f for f in r.findings if f.module == module and f.rule_id in spec.EXPECT], module
+    for module, axes in getattr(spec, "AXES", {}).items():
+        assert site(r, module).normalized_axes == axes, module
+    for module, axes in getattr(spec, "INPUT_AXES", {}).items():
+        assert site(r, module).input_axes == axes, module
+    for module, axes in getattr(spec, "CHANNEL_AXES", {}).items():
+        assert site(r, module).channel_axes == axes, module
+    if hasattr(spec, "CAPTURE"):
+        assert r.capture.method == spec.CAPTURE
+
+
+@pytest.mark.parametrize("path", LAYOUT, ids=lambda p: p.stem)
+def test_layout_fixture(path, my_rules):
+    run_fixture(path, my_rules)
+
+
+def test_every_layout_rule_has_true_positive_and_negative_fixtures(my_rules):
+    covered_tp, covered_tn = set(), set()
+    for path in LAYOUT + sorted((FIXTURES / "batchnorm").glob("N*.py")):
+        spec = load_fixture(path)
+        for rule_id, mods in spec.EXPECT.items():
+            (covered_tp if mods else covered_tn).add(rule_id)
+            if spec.NOT_FLAGGED:
+                covered_tn.add(rule_id)
+    ids = set(my_rules)
+    assert ids - covered_tp == set(), "rules without a true-positive fixture"
+    assert ids - covered_tn == set(), "rules without a true-negative fixture"
+
+
+# ------------------------------------------------------------------------ labels on both graph flavours
+def _site_axes(model, inputs, method, declared=None):
+    """(module, input axes, normalised axes) per site, from one capture method."""
+    cap = capture_model(model, inputs, on_meta=False, methods=(method,))
+    assert cap.method == method, cap.attempts
+    records = discover_sites(cap)
+    env = axes_pass.label_graph(cap, declared)
+    out = []
+    for rec in records:
+        labels = env[rec.input]
+        picked = [labels[d] for d in rec.site.reduced_dims]
+        out.append((rec.site.module, axes_pass.axes_text(labels), axes_pass.flat_labels(picked)))
+    return out
+
+
+def _convnext_stage():
+    spec = load_fixture(FIXTURES / "layout" / "NL102_1.py")
+    return spec.build_model(), spec.example_inputs()
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_convnext_block_with_and_without_permute_at_w_equal_c(method):
+    """Width 32 == 32 channels: the shapes agree, only provenance tells the two LayerNorm(32) apart."""
+    model, inputs = _convnext_stage()
+    assert _site_axes(model, inputs, method) == [
+        ("good.norm", ["batch", "height", "width", "channel"], ["channel"]),
+        ("bad.norm", ["batch", "channel", "height", "width"], ["width"]),
+    ]
+
+
+def test_bad_convnext_block_is_flagged_with_exact_axes(my_rules):
+    model, inputs = _convnext_stage()
+    r = audit_model(model, inputs, rules=my_rules)
+    assert flagged(r) == ["bad.norm"]
+    f = next(f for f in r.findings if f.module == "bad.norm")
+    assert (f.rule_id, f.severity) == ("NL102", "error")
+    assert f.message.startswith(
+        "LayerNorm(normalized_shape=[32]) normalises the width axis of an input laid out as (batch, channel, "
+        "height, width), not the channels: it runs only because that size (32) equals the channel count 32; "
+        "size probe: at height 128->136, width 128->136 it raises: RuntimeError: Given normalized_shape=[32], "
+        "expected input with shape [32], but got input of size torch.Size([2, 32, 34, 34])")
+    good, bad = site(r, "good.norm"), site(r, "bad.norm")
+    assert (good.size_probe.tied, good.size_probe.input_shape) == (False, [2, 34, 34, 32])
+    assert (bad.size_probe.tied, bad.size_probe.changed_dims, bad.size_probe.input_shape) == (True, [3], [2, 32, 34, 34])
+
+
+class Mixer(nn.Module):
+    """Reshapes of every kind between norms: merged batch*sequence and back, a GPT-2 style fused qkv through
+    torch.addmm and split, head split/merge, einsum attention, flatten/unflatten/movedim on an image."""
+
+    def __init__(self, d=16, heads=2):
+        super().__init__()
+        self.d, self.h = d, heads
+        self.embed = nn.Embedding(50, d)
+        self.w_qkv = nn.Parameter(torch.randn(d, 3 * d) * 0.02)
+        self.b_qkv = nn.Parameter(torch.zeros(3 * d))
+        self.ln_tok = nn.LayerNorm(d)
+        self.qk_norm = nn.LayerNorm(d // heads)
+        self.score_norm = nn.LayerNorm(8)
+        self.ln_merged = nn.LayerNorm(d)
+        self.conv = nn.Conv2d(3, d, 3, padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.gn = nn.GroupNorm(4, d)
+        self.ln_patch = nn.LayerNorm(d)
+        self.ln_back = nn.LayerNorm(d)
+
+    def forward(self, ids, img):
+        b, s = ids.shape
+        x = self.embed(ids)
+        qkv = torch.addmm(self.b_qkv, x.view(-1, self.d), self.w_qkv).view(b, s, 3 * self.d)
+        q, k, v = qkv.split(self.d, dim=2)
+        x = self.ln_tok(q)
+        q = self.qk_norm(q.view(b, s, self.h, -1).transpose(1, 2))           # (b, h, s, dh)
+        k = k.view(b, s, self.h, -1).transpose(1, 2)
+        scores = torch.einsum("bhqd,bhkd->bhqk", q, k)
+        scores = self.score_norm(scores)                                      # over keys: a sequence axis
+        v = v.view(b, s, self.h, -1).transpose(1, 2)
+        o = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, self.d)
+        o = self.ln_merged(o + x)
+        y = self.gn(self.pool(self.conv(img)))                                # (b, d, 4, 4)
+        t = self.ln_patch(y.flatten(2).transpose(1, 2))                       # (b, 16, d)
+        back = t.transpose(1, 2).unflatten(2, (4, 4)).movedim(1, -1)          # (b, 4, 4, d)
+        return o.sum() + self.ln_back(back).sum()
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_labels_through_reshapes_heads_einsum_pooling(method):
+    model = Mixer()
+    inputs = (torch.randint(0, 50, (2, 8)), torch.randn(2, 3, 8, 8))
+    assert _site_axes(model, inputs, method) == [
+        ("ln_tok", ["batch", "sequence", "feature"], ["feature"]),
+        ("qk_norm", ["batch", "head", "sequence", "feature"], ["feature"]),
+        ("score_norm", ["batch", "head", "sequence", "sequence"], ["sequence"]),
+        ("ln_merged", ["batch", "sequence", "feature"], ["feature"]),
+        ("gn", ["batch", "channel", "height", "width"], ["channel", "height", "width"]),
+        ("ln_patch", ["batch", "height*width", "channel"], ["channel"]),
+        ("ln_back", ["batch", "height", "width", "channel"], ["channel"]),
+    ]
+
+
+def test_merged_axes_split_back_exactly():
+    """(b*s, d) -> (b, s, d) recovers batch and sequence; (b, c, h*w) -> (b, c, h, w) recovers height/width."""
+    d = lambda name, n: (((name,), n),)  # noqa: E731
+    merged = axes_pass._reshape([d("batch", 2), d("sequence", 8), d("feature", 16)], (16, 16))
+    assert [axes_pass.dim_label(x) for x in merged] == [("batch", "sequence"), ("feature",)]
+    back = axes_pass._reshape(merged, (2, 8, 16))
+    assert [axes_pass.dim_label(x) for x in back] == [("batch",), ("sequence",), ("feature",)]
+    heads = axes_pass._reshape(back, (2, 8, 4, 4))
+    assert [axes_pass.dim_label(x) for x in heads] == [("batch",), ("sequence",), ("head",), ("feature",)]
+    assert axes_pass.dim_label(axes_pass._reshape(heads, (2, 8, 16))[2]) == ("feature",)
+    img = axes_pass._reshape([d("batch", 2), d("channel", 3), d("height", 4), d("width", 5)], (2, 3, 20))
+    assert axes_pass.axes_text([axes_pass.dim_label(x) for x in img]) == ["batch", "channel", "height*width"]
+    assert [axes_pass.dim_label(x) for x in axes_pass._reshape(img, (2, 3, 4, 5))][2:] == [("height",), ("width",)]
+
+
+class AudioNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(4, 8, 3, padding=1)
+        self.ln = nn.LayerNorm(8)
+
+    def forward(self, wave):                              # (batch, channel, time)
+        return self.ln(self.conv(wave).transpose(1, 2))
+
+
+def test_audio_input_and_declared_input_axes(my_rules):
+    r = audit_model(AudioNet(), (torch.randn(2, 4, 32),), rules=my_rules)
+    assert (site(r, "ln").input_axes, site(r, "ln").normalized_axes) == (["batch", "sequence", "channel"], ["channel"])
+    # a (batch, seq, feature) input read by a LayerNorm alone, declared channels-first: the norm covers the sequence
+    ln = nn.LayerNorm(16)
+    r = audit_model(nn.Sequential(ln), (torch.randn(2, 16, 16),), rules=my_rules)
+    assert site(r, "0").normalized_axes == ["feature"] and flagged(r) == []
+    r = audit_model(nn.Sequential(ln), (torch.randn(2, 16, 16),), rules=my_rules, input_axes="B,C,S")
+    assert site(r, "0").input_axes == ["batch", "channel", "sequence"]
+    assert site(r, "0").normalized_axes == ["sequence"] and flagged(r, "NL101") == ["0"]
+
+
+def test_unknown_op_never_crashes_the_pass():
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln = nn.LayerNorm(4)
+
+        def forward(self, x):
+            return self.ln(torch.diagonal(x, dim1=1, dim2=2).unsqueeze(-1).expand(-1, -1, 4))
+
+    cap = capture_model(Odd(), (torch.randn(2, 4, 4),), on_meta=False)
+    env = axes_pass.label_graph(cap)
+    rec = discover_sites(cap)[0]
+    assert env[rec.input] == [("batch",), ("unknown",), ("unknown",)]
+
+
+# ------------------------------------------------------------------------ transformers models
+def _hf(name):
+    import transformers as T
+
+    px = {"pixel_values": torch.randn(2, 3, 32, 32)}
+    if name == "convnext":
+        return T.ConvNextModel(T.ConvNextConfig(num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2,
+                                                image_size=32)), px
+    if name == "swin":
+        return T.SwinModel(T.SwinConfig(image_size=32, patch_size=4, embed_dim=8, depths=[1, 1], num_heads=[1, 2],
+                                        window_size=4)), px
+    return T.ViTModel(T.ViTConfig(image_size=32, patch_size=8, hidden_size=16, num_hidden_layers=1,
+                                  num_attention_heads=2, intermediate_size=32)), px
+
+
+@pytest.mark.parametrize("name,count", [("convnext", 5), ("swin", 7), ("vit", 3)])
+def test_transformers_vision_models_normalise_only_channels_or_features(name, count, my_rules):
+    pytest.importorskip("transformers")
+    model, inputs = _hf(name)
+    r = audit_model(model, inputs, rules=my_rules)
+    assert len(r.sites) == count
+    assert {a for s in r.sites for a in s.normalized_axes} <= {"channel", "feature"}, \
+        [(s.module, s.normalized_axes) for s in r.sites]
+    assert [(f.rule_id, f.module) for f in r.findings if f.severity in ("warning", "error")] == []
+    assert not any(s.size_probe and s.size_probe.tied for s in r.sites)
+
+
+# ------------------------------------------------------------------------ size probe
+def test_size_probe_resolution_tied_layernorm(my_rules):
+    spec = load_fixture(FIXTURES / "layout" / "NL103_1.py")
+    r = audit_model(spec.build_model(), spec.example_inputs(), rules=my_rules)
+    p = site(r, "ln_chw").size_probe
+    assert (p.resize, p.tied, p.changed_dims, p.input_shape) == ("height 16->24, width 16->24", True, [2, 3],
+                                                                 [2, 8, 24, 24])
+    assert p.error == ("RuntimeError: Given normalized_shape=[8, 16, 16], expected input with shape [8, 16, 16], "
+                       "but got input of size torch.Size([2, 8, 24, 24])")
+    for m in ("ln_c", "gn"):  # channel statistics per pixel, or GroupNorm's spatial statistics: not tied
+        assert site(r, m).size_probe.tied is False
+    assert any(n.startswith("size probe: re-ran the model with height 16->24, width 16->24 (graph re-interpreted")
+               for n in r.notes)
+
+
+def test_size_probe_on_exported_graph_sees_sequence_statistics(my_rules):
+    spec = load_fixture(FIXTURES / "layout" / "NL101_2.py")
+    r = audit_model(spec.build_model(), spec.example_inputs(), rules=my_rules)
+    assert r.capture.method == "export"
+    block, norm = site(r, "block").size_probe, site(r, "norm").size_probe
+    assert (block.tied, block.changed_dims, block.input_shape) == (True, [1], [2, 24, 16])
+    assert (norm.tied, norm.changed_dims, norm.input_shape) == (False, [], [2, 24, 16])
+
+
+def test_resize_plan_keeps_strides_and_avoids_channel_counts():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 6, 4, stride=4)      # 16 -> 4: the new size must stay a multiple of 4
+            self.mid = nn.Conv2d(6, 24, 1)                 # 24 channels: 16 + 8 = 24 is ruled out
+            self.ln = nn.LayerNorm(24)
+
+        def forward(self, x):
+            return self.ln(self.mid(self.stem(x)).permute(0, 2, 3, 1))
+
+    cap = capture_model(Net(), (torch.randn(2, 3, 16, 16),), on_meta=False)
+    axes_pass.label_graph(cap)
+    plan = probes_pass.plan_resize(cap, discover_sites(cap))
+    assert plan.sizes == {("height", 16): 32, ("width", 16): 32}
+    assert plan.text == "height 16->32, width 16->32"
+
+
+def test_size_probe_default_limit_and_opt_in(monkeypatch, my_rules):
+    spec = load_fixture(FIXTURES / "layout" / "NL103_1.py")
+    monkeypatch.setattr(probes_pass, "SIZE_PROBE_MAX_NODES", 3)
+    r = audit_model(spec.build_model(), spec.example_inputs(), rules=my_rules)
+    assert site(r, "ln_chw").size_probe is None
+    assert any(n.startswith("size probe skipped: the graph has") for n in r.notes)
+    r = audit_model(spec.build_model(), spec.example_inputs(), rules=my_rules, probes=["size"])
+    assert site(r, "ln_chw").size_probe.tied is True

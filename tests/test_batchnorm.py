@@ -1,0 +1,130 @@
+"""BatchNorm/GroupNorm/InstanceNorm facts (normaudit.facts.batchnorm), the batch-independence probe
+(normaudit.facts.probes.batch_probe) and the batchnorm rules NB1xx, with exact modules and values.
+
+Rule fixtures: tests/fixtures/batchnorm/<ID>_<n>.py (format in test_axes.py).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from normaudit.facts import probes as probes_pass
+from normaudit.facts.batchnorm import groupnorm_config_problems
+
+from conftest import CASES, audit_file, audit_model, flagged, site
+from test_axes import FIXTURES, my_rules, run_fixture  # noqa: F401 - my_rules is a fixture
+
+BATCHNORM = sorted((FIXTURES / "batchnorm").glob("N*.py"))
+
+
+@pytest.mark.parametrize("path", BATCHNORM, ids=lambda p: p.stem)
+def test_batchnorm_fixture(path, my_rules):
+    run_fixture(path, my_rules)
+
+
+def test_batch_of_one_error_quotes_pytorch(my_rules):
+    from test_axes import load_fixture
+
+    spec = load_fixture(FIXTURES / "batchnorm" / "NB101_1.py")
+    r = audit_model(spec.build_model(), spec.example_inputs(), rules=my_rules)
+    assert r.capture.attempts[-1].method.endswith("(eval)")   # PyTorch refused train mode at batch 1
+    flat, img = site(r, "bn_flat"), site(r, "bn_img")
+    assert (flat.extra["values_per_channel"], img.extra["values_per_channel"]) == (1, 256)
+    f = next(f for f in r.findings if f.module == "bn_flat")
+    assert f.message.startswith("BatchNorm1d is trained with a micro-batch of 1: PyTorch raises in training: "
+                                "Expected more than 1 value per channel when training, got input size "
+                                "torch.Size([1, 16])")
+    # --batch-size 1 on inputs of batch 4: nothing raised at capture, the message is derived from the shapes
+    r = audit_model(spec.build_model(), (torch.randn(4, 3, 16, 16),), rules=my_rules, batch_size=1)
+    assert [(f.module, f.severity) for f in r.findings if f.rule_id == "NB101"] == [("bn_flat", "error"),
+                                                                                   ("bn_img", "warning")]
+    assert site(r, "bn_flat").extra["train_error"] == ("Expected more than 1 value per channel when training, "
+                                                       "got input size torch.Size([1, 16])")
+
+
+@pytest.mark.skipif(not (CASES / "N27_bn_batch1").is_dir(), reason="shared/cases not found")
+def test_n27_case(my_rules):
+    r = audit_file(CASES / "N27_bn_batch1" / "model.py", my_rules)
+    assert [(f.rule_id, f.module, f.severity) for f in r.findings] == [("NB101", "1", "error")]
+
+
+# ------------------------------------------------------------------------ batch-independence probe
+class Both(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(20, 32)
+        self.bn = nn.BatchNorm1d(32)
+        self.ln = nn.LayerNorm(32)
+        self.drop = nn.Dropout(0.5)     # same seed in both runs: the same mask for example 0
+
+    def forward(self, x):
+        return self.ln(self.drop(torch.relu(self.bn(self.fc(x)))))
+
+
+def test_batch_probe_flags_batchnorm_and_passes_layernorm(my_rules):
+    model = Both()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    r = audit_model(model, (torch.randn(2, 20),), rules=my_rules, probes=["batch"])
+    bn, ln = site(r, "bn").batch_probe, site(r, "ln").batch_probe
+    assert (bn.batch_size, bn.coupled, ln.coupled) == (4, True, False)
+    assert bn.row0_max_change > 0.05 and bn.row0_max_change > 1000 * bn.tolerance
+    assert ln.row0_max_change == 0.0 and ln.row0_scale > 0.5
+    assert flagged(r, "NB108") == ["bn"] and flagged(r, "NL106") == []
+    dumped = r.model_dump(mode="json")
+    assert next(s for s in dumped["sites"] if s["module"] == "bn")["batch_probe"]["row0_max_change"] == bn.row0_max_change
+    assert any(n.startswith("batch probe: 4 examples in train mode") for n in r.notes)
+    # the user's model is untouched (running statistics, weights, mode)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()) and model.training
+
+
+def test_batch_probe_materialises_a_meta_model(my_rules):
+    with torch.device("meta"):
+        model = Both()
+    r = audit_model(model, (torch.randn(2, 20),), rules=my_rules, probes=["batch"], on_meta=True)
+    assert (site(r, "bn").batch_probe.coupled, site(r, "ln").batch_probe.coupled) == (True, False)
+
+
+def test_batch_probe_is_opt_in_and_refuses_large_models(monkeypatch, my_rules):
+    r = audit_model(Both(), (torch.randn(2, 20),), rules=my_rules)
+    assert all(s.batch_probe is None for s in r.sites)
+    monkeypatch.setattr(probes_pass, "BATCH_PROBE_MAX_PARAMS", 100)
+    r = audit_model(Both(), (torch.randn(2, 20),), rules=my_rules, probes=["batch"])
+    assert all(s.batch_probe is None for s in r.sites)
+    assert "batch probe skipped: the model has 0M parameters (limit 0M)" in " ".join(r.notes)
+
+
+def test_batch_probe_on_a_transformer_layer(my_rules):
+    """A pre-LN Transformer encoder layer (dropout on): no LayerNorm couples examples."""
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True, norm_first=True)
+    r = audit_model(layer, (torch.randn(2, 6, 16),), rules=my_rules, probes=["batch"])
+    assert [(s.module, s.batch_probe.coupled, s.batch_probe.row0_max_change) for s in r.sites] == [
+        ("norm1", False, 0.0), ("norm2", False, 0.0)]
+
+
+# ------------------------------------------------------------------------ GroupNorm groups vs the config
+@pytest.mark.parametrize("config,expected", [
+    ({"norm_num_groups": 32, "block_out_channels": [16, 64, 96]},
+     [{"groups_key": "norm_num_groups", "groups": 32, "channels_key": "block_out_channels",
+       "channels": [16, 64, 96], "bad": [16]}]),
+    ({"unet": {"resnet_groups": 8, "block_out_channels": [32, 64]}}, []),
+    ({"params": {"ch": 48, "ch_mult": [1, 2, 4], "num_groups": 32}},
+     [{"groups_key": "num_groups", "groups": 32, "channels_key": "ch*ch_mult", "channels": [48, 96, 192],
+       "bad": [48]}]),
+    ({"norm_num_groups": 32, "block_out_channels": "wide"}, []),
+    ({"hidden_size": 768}, []),
+    ({}, []),
+])
+def test_groupnorm_config_problems(config, expected):
+    assert groupnorm_config_problems(config) == expected
+
+
+def test_groupnorm_config_finding_message(my_rules):
+    path = FIXTURES / "batchnorm" / "NB106_1.py"
+    r = audit_file(path, my_rules, config=str(path.with_suffix(".json")))
+    f = next(f for f in r.findings if f.rule_id == "NB106")
+    assert (f.module, f.severity) == ("", "error")
+    assert f.message == ("NB106_1.json sets norm_num_groups=32 but block_out_channels=[16, 32, 48]: [16, 48] not "
+                         "divisible by 32, and nn.GroupNorm(32, C) raises at construction for those channel counts")
