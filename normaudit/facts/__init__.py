@@ -15,6 +15,7 @@ from normaudit.facts import axes as axes_pass
 from normaudit.facts import batchnorm as batchnorm_pass
 from normaudit.facts import probes as probes_pass
 from normaudit.facts import placement
+from normaudit.facts import formula as formula_pass
 from normaudit.facts import eps as eps_pass
 from normaudit.facts import weights as weights_pass
 from normaudit.facts.sites import SiteRecord, discover_sites, walk_modules
@@ -77,6 +78,7 @@ def collect_facts(ctx: FactContext) -> Facts:
         elif rec.site.reduced_dims:
             rec.site.normalized_axes = ["unknown"]
     placement.analyse(cap, records, model)
+    formula_pass.analyse(ctx, records)
     batchnorm_pass.analyse(ctx, records, model, env)
     notes = probes_pass.run(ctx, records, env)
     notes += weights_pass.analyse(ctx, records)
