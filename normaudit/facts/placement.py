@@ -1,14 +1,762 @@
 """Placement of each norm on the residual stream (pre-LN, post-LN, sandwich, final, ...).
 
 Pre-LN vs post-LN is a Transformer design choice, not part of the LayerNorm paper: post-LN in
-Vaswani et al. 2017, pre-LN analysed by Xiong et al. 2020 (arXiv 2002.04745).
+Vaswani et al. 2017 ("Attention Is All You Need", arXiv 1706.03762, ``LayerNorm(x + Sublayer(x))``),
+pre-LN analysed by Xiong et al. 2020 (arXiv 2002.04745, ``x + Sublayer(LayerNorm(x))`` plus a final
+LayerNorm), depth and warm-up of post-LN by Liu et al. 2020 (arXiv 2004.08249). Sandwich norms (a norm on
+the branch output before the add) follow Ding et al. 2021 (CogView, arXiv 2105.13290) and Gemma 2;
+query/key norms Dehghani et al. 2023 (arXiv 2302.05442).
+
+The pass reads the canonical IR (:mod:`normaudit.capture.ir`), so symbolically traced graphs
+(``call_module`` nodes, ``get_attr`` parameters) and exported aten graphs (parameters as ``p_*``
+placeholders, ``nn_module_stack`` on every node) give the same answer.
+
+1. **Residual adds.** ``add(a, b)`` (same shape on both sides and the result) is residual when ``b`` (the
+   branch) is computed from ``a`` (the skip, seen through casts, dropout, clones and views) through at
+   least one *weighted* op (a linear/conv/embedding/matmul with a parameter, a ``call_module`` with
+   parameters) that is not part of a norm. The branch may read an earlier value of the stream than the one
+   it is added to (``x + attn(ln1(x)) + mlp(ln2(x))``): the skip's chain of residual adds is searched.
+   A skip that is itself ``[norm](W(x))`` with a single weighted op ``W`` (a projection shortcut,
+   ResNet downsampling) also counts; the shortcut is then a second branch.
+   The add is *parallel* (GPT-J, GPT-NeoX ``use_parallel_residual``, Falcon ``parallel_attn``) when its
+   branch is a sum of weighted terms that read the same stream value, or when it reads an earlier stream
+   value than its skip.
+2. **Site placement** (``Site.placement``), in this order:
+   ``qk``: the norm's output reaches attention scores (``scaled_dot_product_attention`` or an
+   activation-activation ``matmul``) without any weighted op in between;
+   ``sandwich``: the norm lies inside a residual branch and its output *is* the branch (up to casts,
+   dropout, views, layer-scale); ``pre``: inside a residual branch otherwise (``branch_position``
+   ``input`` when it reads the skip value itself, ``inner`` when deeper, e.g. ConvNeXt);
+   for a norm on the stream: ``post`` when further residual adds read its output as their skip and it
+   is inside a repeated block (or reads a residual add), ``embedding`` before the first residual add
+   outside any block; after the last residual add, ``post`` when it reads that add directly and that
+   add's branch has no norm of its own (``LayerNorm(x + f(x))``), ``final`` otherwise;
+   ``none`` when no residual add is around it (or the model has none).
+3. **Model facts**: ``placement`` from the block norms' roles (``pre``, ``post``, ``sandwich``, ``mixed``,
+   ``none``, ``unknown``), ``parallel_residual``, ``has_final_norm``, ``num_residual_adds``, ``blocks``
+   (the innermost numbered child of a container of same-class modules that owns a residual add or a norm).
+
+Per-site facts in ``Site.extra`` (present only when they apply): ``skip_from_norm`` (the norm's output is
+the skip of a residual add of its own block although the norm does not close a sublayer of that block:
+``x = norm(x); x = x + f(x)``), ``feeds_norm`` / ``reads_norm`` (the module of a norm directly after /
+before this one with nothing in between), ``branch_position``, ``majority_placement`` and
+``majority_blocks`` (this norm's role differs from the same norm in most blocks of the same class).
+Residual adds are marked in ``node.meta["normaudit"]["residual"]``.
+
+Example::
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from normaudit.capture import capture_model
+    >>> from normaudit.facts.sites import discover_sites
+    >>> from normaudit.report import ModelFacts
+    >>> layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True, norm_first=True)
+    >>> cap = capture_model(layer, (torch.randn(2, 5, 16),), on_meta=False)
+    >>> records, facts = discover_sites(cap), ModelFacts(class_name="TransformerEncoderLayer")
+    >>> analyse(cap, records, facts)
+    >>> [(r.site.module, r.site.placement) for r in records], facts.placement
+    ([('norm1', 'pre'), ('norm2', 'pre')], 'pre')
 """
 from __future__ import annotations
 
+from collections import Counter, defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+import torch
+from torch import fx, nn
+
 from normaudit.capture import Capture
-from normaudit.report import ModelFacts
+from normaudit.capture.ir import NEUTRAL_OPS, op_name, owner, shape, tensor_inputs
+from normaudit.facts.sites import SiteRecord, builtin_kind
+from normaudit.report import Block, ModelFacts
+
+#: value-preserving reshapes the stream may pass through between a norm/residual add and its user
+VIEW_OPS = ("view", "permute", "transpose", "flatten", "unflatten", "squeeze", "unsqueeze", "movedim",
+            "expand", "expand_as")
+#: pooling a projection shortcut may apply before its 1x1 conv (ResNet-D)
+POOL_OPS = ("avg_pool1d", "avg_pool2d", "avg_pool3d", "max_pool1d", "max_pool2d", "max_pool3d",
+            "adaptive_avg_pool2d")
+#: ops that compute attention scores from two activations
+SCORE_OPS = ("sdpa", "matmul", "einsum", "baddbmm")
+CONTAINERS = (nn.ModuleList, nn.Sequential)
+BLOCK_ROLES = ("pre", "post", "sandwich")
 
 
-def analyse(cap: Capture, records: list, model: ModelFacts) -> None:
-    """Set ``site.placement`` for every record and ``model.placement``/``parallel_residual``/``blocks``."""
-    return None
+@dataclass
+class ResidualAdd:
+    """One residual add ``skip + branch`` found in the graph.
+
+    ``skip_src`` is the skip operand seen through casts/dropout/views; ``reads`` the stream value the
+    branch is computed from (``skip_src``, or an earlier stream value for parallel layouts); ``terms`` the
+    branch operand split at non-residual adds (one per parallel sublayer); ``shortcut`` the weighted
+    projection on the skip side, if any.
+    """
+
+    node: fx.Node
+    skip: fx.Node
+    skip_src: fx.Node
+    branch: fx.Node
+    reads: fx.Node
+    terms: list[fx.Node] = field(default_factory=list)
+    parallel: bool = False
+    shortcut: Optional[fx.Node] = None
+    block: Optional[str] = None
+
+
+class _Graph:
+    """Topological indices, ancestor/descendant bitsets, parameter and weighted-op sets of one graph."""
+
+    def __init__(self, cap: Capture, records: list[SiteRecord]):
+        self.cap = cap
+        self.modules = cap.modules
+        self.nodes: list[fx.Node] = list(cap.gm.graph.nodes)
+        self.idx = {n: i for i, n in enumerate(self.nodes)}
+        self.inputs = {n: [a for a in tensor_inputs(n) if _tensorish(a)] for n in self.nodes}
+        user_inputs = set(cap.user_inputs)
+        self.param: set[fx.Node] = set()
+        for n in self.nodes:
+            if n.op == "get_attr" and isinstance(_resolve_attr(cap.gm, str(n.target)), nn.Parameter):
+                self.param.add(n)
+            elif n.op == "placeholder" and n.name not in user_inputs and n.name.startswith("p_"):
+                self.param.add(n)
+        # const: independent of the model inputs; pderived: computed from parameters (and constants) only
+        self.const: set[fx.Node] = set()
+        self.pderived: set[fx.Node] = set()
+        for n in self.nodes:
+            ins = self.inputs[n]
+            if n.op == "placeholder":
+                if n.name not in user_inputs and (user_inputs or n in self.param):
+                    self.const.add(n)
+            elif n.op == "get_attr":
+                self.const.add(n)
+            elif n.op in ("call_function", "call_method") and all(a in self.const for a in ins):
+                self.const.add(n)
+            if n in self.param or (n in self.const and any(a in self.pderived for a in ins)):
+                self.pderived.add(n)
+        anc = [0] * len(self.nodes)
+        for i, n in enumerate(self.nodes):
+            acc = 0
+            for a in self.inputs[n]:
+                j = self.idx[a]
+                acc |= anc[j] | (1 << j)
+            anc[i] = acc
+        self.anc = anc
+        desc = [0] * len(self.nodes)
+        for i in range(len(self.nodes) - 1, -1, -1):
+            for a in self.inputs[self.nodes[i]]:
+                j = self.idx[a]
+                desc[j] |= desc[i] | (1 << i)
+        self.desc = desc
+        # norm nodes: claimed by a site, the gain/cast chain after it, and everything a leaf norm module owns
+        self.norm_nodes: set[fx.Node] = set()
+        self.site_out: dict[int, fx.Node] = {}
+        self.site_chain: dict[int, set[fx.Node]] = {}
+        leaf_norms = {r.site.module for r in records if r.module_obj is not None and r.site.module
+                      and not any(True for _ in r.module_obj.children())}
+        for r in records:
+            self.norm_nodes |= set(r.nodes)
+            if r.output is not None:
+                end, chain = self._extend_output(r)
+                self.site_out[id(r)] = end
+                self.site_chain[id(r)] = set(chain)
+                self.norm_nodes |= set(chain) | {r.output}
+        for n in self.nodes:
+            if n.op != "placeholder" and owner(n, self.modules) in leaf_norms:
+                self.norm_nodes.add(n)
+        self.weighted_mask = 0
+        for i, n in enumerate(self.nodes):
+            if n in self.norm_nodes or n in self.const:
+                continue
+            if n.op == "call_module":
+                mod = self.modules.get(str(n.target))
+                if mod is not None and builtin_kind(mod) is None and any(True for _ in mod.parameters()):
+                    self.weighted_mask |= 1 << i
+            elif n.op in ("call_function", "call_method"):
+                if any(a in self.pderived for a in self.inputs[n]):
+                    self.weighted_mask |= 1 << i
+
+    # -- helpers -------------------------------------------------------------------------------------------
+    def _real_users(self, node: fx.Node) -> list[fx.Node]:
+        return [u for u in node.users if "assert" not in op_name(u)]
+
+    def _extend_output(self, rec: SiteRecord) -> tuple[fx.Node, list[fx.Node]]:
+        """The last node of a norm: its output followed through casts and the gain/bias (param operand)."""
+        node = rec.output
+        chain: list[fx.Node] = []
+        path = owner(node, self.modules)
+        for _ in range(8):
+            users = self._real_users(node)
+            if len(users) != 1:
+                break
+            u = users[0]
+            if u.op == "output" or owner(u, self.modules) != path:
+                break
+            name = op_name(u)
+            if name in NEUTRAL_OPS or name == "type_as":
+                pass
+            elif name in ("mul", "add", "div", "sub"):
+                others = [a for a in self.inputs[u] if a is not node]
+                if not all(a in self.pderived for a in others):
+                    break
+            else:
+                break
+            chain.append(u)
+            node = u
+        return node, chain
+
+    def is_anc(self, a: fx.Node, b: fx.Node) -> bool:
+        """``a`` is a strict ancestor of ``b``."""
+        return bool((self.anc[self.idx[b]] >> self.idx[a]) & 1)
+
+    def anc_or_eq(self, a: fx.Node, b: fx.Node) -> bool:
+        return a is b or self.is_anc(a, b)
+
+    def weighted_between(self, src: fx.Node, dst: fx.Node) -> bool:
+        """Some weighted op lies on a path from ``src`` (exclusive) to ``dst`` (inclusive)."""
+        j = self.idx[dst]
+        return bool(self.weighted_mask & self.desc[self.idx[src]] & (self.anc[j] | (1 << j)))
+
+    def is_weighted(self, n: fx.Node) -> bool:
+        return bool((self.weighted_mask >> self.idx[n]) & 1)
+
+
+def _tensorish(node: fx.Node) -> bool:
+    v = node.meta.get("val")
+    if v is None:
+        return node.op in ("placeholder", "get_attr") or "tensor_meta" in node.meta
+    if isinstance(v, torch.Tensor):
+        return True
+    if isinstance(v, (list, tuple)):
+        return any(isinstance(x, torch.Tensor) for x in v)
+    return False
+
+
+def _resolve_attr(root: nn.Module, target: str) -> Any:
+    obj: Any = root
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def stream_strip(node: Any) -> Any:
+    """Follow casts, clones, dropout and views back to the value they carry (the stream seen through aliases)."""
+    for _ in range(32):
+        if not isinstance(node, fx.Node) or not node.args or not isinstance(node.args[0], fx.Node):
+            return node
+        name = op_name(node)
+        if name in NEUTRAL_OPS or name in VIEW_OPS or name == "type_as":
+            node = node.args[0]
+            continue
+        return node
+    return node
+
+
+# -- residual adds -------------------------------------------------------------------------------------------
+def _same_shapes(*nodes: fx.Node) -> bool:
+    shapes = [shape(n) for n in nodes]
+    known = [s for s in shapes if s is not None]
+    return all(s == known[0] for s in known)
+
+
+def _shortcut_source(g: _Graph, skip: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:
+    """For a projection shortcut ``[norm](W(pool(x)))`` return ``(x, W)``; else None."""
+    node = stream_strip(skip)
+    if node in g.norm_nodes:  # a norm on the shortcut: look through it to its input
+        for a in g.inputs[node]:
+            if a not in g.pderived and a not in g.norm_nodes:
+                node = stream_strip(a)
+                break
+        else:
+            return None
+        while node in g.norm_nodes:
+            ins = [a for a in g.inputs[node] if a not in g.pderived]
+            if not ins:
+                return None
+            node = stream_strip(ins[0])
+    if not g.is_weighted(node):
+        return None
+    acts = [a for a in g.inputs[node] if a not in g.pderived and a not in g.const]
+    if len(acts) != 1:
+        return None
+    src = stream_strip(acts[0])
+    while isinstance(src, fx.Node) and op_name(src) in POOL_OPS and src.args and isinstance(src.args[0], fx.Node):
+        src = stream_strip(src.args[0])
+    return src, node
+
+
+def _terms(g: _Graph, branch: fx.Node, residual: dict[fx.Node, ResidualAdd]) -> list[fx.Node]:
+    """Split a branch at plain (non-residual) adds into its summands."""
+    out: list[fx.Node] = []
+    todo = [branch]
+    while todo and len(out) < 16:
+        n = todo.pop(0)
+        s = stream_strip(n)
+        if isinstance(s, fx.Node) and op_name(s) == "add" and s not in residual:
+            ins = g.inputs[s]
+            if len(ins) == 2 and not any(a in g.pderived for a in ins):
+                todo.extend(ins)
+                continue
+        out.append(n)
+    return out
+
+
+def find_residual_adds(g: _Graph) -> list[ResidualAdd]:
+    """Every residual add of the graph, in graph order (see the module docstring, step 1)."""
+    found: dict[fx.Node, ResidualAdd] = {}
+    for n in g.nodes:
+        if op_name(n) != "add" or n.op == "call_module" or n in g.norm_nodes:
+            continue
+        ops = [a for a in n.args[:2] if isinstance(a, fx.Node)]
+        if len(ops) != 2 or ops[0] is ops[1] or not all(_tensorish(a) for a in ops):
+            continue
+        if not _same_shapes(ops[0], ops[1], n):
+            continue
+        best: Optional[ResidualAdd] = None
+        for skip, branch in ((ops[0], ops[1]), (ops[1], ops[0])):
+            if skip in g.pderived or branch in g.pderived:
+                continue
+            src = stream_strip(skip)
+            chain, cur = [], src
+            for _ in range(4):
+                chain.append(cur)
+                prev = found.get(cur)
+                if prev is None:
+                    break
+                cur = stream_strip(prev.skip)
+            reads = next((c for c in chain if g.weighted_between(c, branch)), None)
+            if reads is None:
+                continue
+            cand = ResidualAdd(node=n, skip=skip, skip_src=src, branch=branch, reads=reads)
+            if best is None or (best.reads is not best.skip_src and reads is src):
+                best = cand
+        if best is None:  # projection shortcut: both sides weighted from one stream value
+            for skip, branch in ((ops[1], ops[0]), (ops[0], ops[1])):
+                sc = _shortcut_source(g, skip)
+                if sc is None:
+                    continue
+                src, proj = sc
+                if g.weighted_between(src, branch) and not g.anc_or_eq(proj, branch):
+                    best = ResidualAdd(node=n, skip=skip, skip_src=stream_strip(skip), branch=branch, reads=src,
+                                       shortcut=proj)
+                    break
+        if best is None:
+            continue
+        best.terms = _terms(g, best.branch, found)
+        weighted_terms = [t for t in best.terms if g.weighted_between(best.reads, t)]
+        best.parallel = len(weighted_terms) >= 2 or (best.reads is not best.skip_src and best.shortcut is None)
+        found[n] = best
+    return list(found.values())
+
+
+# -- blocks ----------------------------------------------------------------------------------------------------
+def _numbered_children(modules: dict[str, nn.Module]) -> set[str]:
+    """Numbered children of a ModuleList/Sequential whose children are all of one class (not norms)."""
+    out: set[str] = set()
+    for path, mod in modules.items():
+        parent, _, last = path.rpartition(".")
+        if not last.isdigit() or builtin_kind(mod) is not None:
+            continue
+        container = modules.get(parent if parent else "")
+        if not isinstance(container, CONTAINERS):
+            continue
+        if len({type(c) for c in container.children()}) == 1:
+            out.add(path)
+    return out
+
+
+def _prefixes(path: str) -> list[str]:
+    """``a.b.c`` -> ``[a.b.c, a.b, a]`` (innermost first)."""
+    parts = path.split(".") if path else []
+    return [".".join(parts[:k]) for k in range(len(parts), 0, -1)]
+
+
+def _inside(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + ".")
+
+
+def _assign_blocks(g: _Graph, adds: list[ResidualAdd]) -> set[str]:
+    """Give each residual add its block: the innermost numbered same-class child that owns the add and at
+    least one weighted op of its branch (so a ``SublayerConnection`` that only receives its sublayer as a
+    callable is not a block, but the layer that owns the sublayer is). Returns the set of blocks."""
+    numbered = _numbered_children(g.modules)
+    blocks: set[str] = set()
+    for a in adds:
+        j = g.idx[a.branch]
+        mask = g.weighted_mask & g.desc[g.idx[a.reads]] & (g.anc[j] | (1 << j))
+        owners = set()
+        i = 0
+        while mask and len(owners) < 64:
+            if mask & 1:
+                owners.add(owner(g.nodes[i], g.modules))
+            mask >>= 1
+            i += 1
+        for p in _prefixes(owner(a.node, g.modules)):
+            if p in numbered and any(_inside(o, p) for o in owners):
+                a.block = p
+                blocks.add(p)
+                break
+    return blocks
+
+
+def _block_of(path: str, blocks: set[str]) -> Optional[str]:
+    return next((p for p in _prefixes(path) if p in blocks), None)
+
+
+# -- placement of sites ------------------------------------------------------------------------------------
+def _unwrap_branch(g: _Graph, node: fx.Node) -> list[fx.Node]:
+    """The nodes a branch operand passes back through: casts, dropout, views, drop-path and layer-scale
+    multiplies (the last one is what the branch really computes)."""
+    seen: list[fx.Node] = []
+    for _ in range(16):
+        while isinstance(node, fx.Node):
+            seen.append(node)
+            nxt = stream_strip(node) if node is not stream_strip(node) else None
+            if nxt is None:
+                break
+            node = node.args[0]
+        if not isinstance(node, fx.Node):
+            return seen
+        if op_name(node) in ("mul", "div") and node.args:
+            acts = [a for a in g.inputs[node] if a not in g.pderived and a not in g.const]
+            # a scalar, a parameter (layer scale) or a random keep-mask (drop path) on the other side
+            if len(acts) == 1:
+                node = acts[0]
+                continue
+            rand = [a for a in acts if _is_random(g, a)]
+            if len(acts) == 2 and op_name(node) == "mul" and len(rand) == 1:
+                node = acts[0] if acts[1] is rand[0] else acts[1]
+                continue
+        return seen
+    return seen
+
+
+def _is_random(g: _Graph, node: fx.Node) -> bool:
+    """A drop-path keep mask: computed from random ops and shapes only, not from the stream."""
+    todo, seen = [node], 0
+    while todo and seen < 16:
+        n = todo.pop()
+        seen += 1
+        name = op_name(n)
+        if name in ("rand", "bernoulli", "rand_like", "empty", "new_empty", "bernoulli_", "uniform_"):
+            return True
+        if name in ("floor", "floor_", "add", "div", "to", "alias") or name in VIEW_OPS:
+            todo.extend(g.inputs[n])
+    return False
+
+
+def _reaches_scores(g: _Graph, start: fx.Node, residual: dict[fx.Node, ResidualAdd]) -> bool:
+    """The norm output reaches attention scores with no weighted op, norm or residual add in between."""
+    todo, seen = deque([start]), {start}
+    while todo:
+        n = todo.popleft()
+        for u in n.users:
+            if u in seen:
+                continue
+            seen.add(u)
+            name = op_name(u)
+            if u in residual or u.op == "output":
+                continue
+            if name in SCORE_OPS:
+                acts = [a for a in g.inputs[u] if a not in g.pderived and a not in g.const]
+                if name == "sdpa":
+                    q_k = [a for a in u.args[:2] if isinstance(a, fx.Node)]
+                    if n in q_k:
+                        return True
+                    continue
+                if len(acts) >= 2 and not g.is_weighted(u):
+                    return True
+                continue
+            if g.is_weighted(u) or (u in g.norm_nodes and u not in (start,)) or name == "module":
+                continue
+            todo.append(u)
+            if len(seen) > 400:
+                return False
+    return False
+
+
+def _stream_reach(g: _Graph, start: fx.Node, residual: dict[fx.Node, ResidualAdd]) -> list[ResidualAdd]:
+    """Residual adds that take ``start`` forward as their skip (the stream), not through a branch."""
+    out: list[ResidualAdd] = []
+    todo, seen = deque([start]), {start}
+    while todo:
+        n = todo.popleft()
+        for u in n.users:
+            if u in seen:
+                continue
+            ra = residual.get(u)
+            if ra is not None:
+                if ra.skip is n:
+                    seen.add(u)
+                    out.append(ra)
+                    todo.append(u)
+                continue  # reached through a branch: the stream ends here for this path
+            seen.add(u)
+            todo.append(u)
+    return out
+
+
+@dataclass
+class _SiteInfo:
+    rec: SiteRecord
+    inp: Optional[fx.Node]
+    out: Optional[fx.Node]
+    block: Optional[str]
+    placement: str = "unknown"
+    add: Optional[ResidualAdd] = None
+    adds: list[ResidualAdd] = field(default_factory=list)
+
+
+def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
+    """Set ``site.placement``, ``site.block`` and the placement facts in ``site.extra`` for every record, and
+    ``model.placement``/``parallel_residual``/``has_final_norm``/``num_residual_adds``/``blocks``.
+
+    See the module docstring for the definitions (Vaswani et al. 2017; Xiong et al. 2020, arXiv 2002.04745;
+    Liu et al. 2020, arXiv 2004.08249). Reads the graph; writes only ``node.meta["normaudit"]``.
+    """
+    if cap.gm is None:
+        return
+    g = _Graph(cap, records)
+    adds = find_residual_adds(g)
+    residual = {a.node: a for a in adds}
+    for a in adds:
+        a.node.meta.setdefault("normaudit", {})["residual"] = {
+            "skip": a.skip.name, "branch": a.branch.name, "reads": a.reads.name, "parallel": a.parallel,
+            "shortcut": a.shortcut.name if a.shortcut is not None else None}
+    candidates = _assign_blocks(g, adds)
+    add_mask = 0
+    for a in adds:
+        add_mask |= 1 << g.idx[a.node]
+
+    infos: list[_SiteInfo] = []
+    for rec in records:
+        inp = stream_strip(rec.input) if isinstance(rec.input, fx.Node) else None
+        out = g.site_out.get(id(rec))
+        info = _SiteInfo(rec=rec, inp=inp, out=out, block=_block_of(rec.site.module, candidates))
+        rec.site.block = info.block
+        infos.append(info)
+
+    # pass 1: qk norms and norms inside a residual branch
+    for info in infos:
+        if info.inp is None or info.out is None:
+            continue
+        if not adds:
+            info.placement = "none"
+            continue
+        if _reaches_scores(g, info.out, residual):
+            info.placement = "qk"
+            continue
+        for a in adds:
+            sides = [a.branch] + ([a.skip] if a.shortcut is not None else [])
+            side = next((s for s in sides if g.anc_or_eq(info.out, s)), None)
+            if side is None or g.anc_or_eq(info.out, a.reads):
+                continue  # not in a branch, or the norm's output is (upstream of) the stream the branch reads
+            if not g.anc_or_eq(a.reads, info.inp):
+                continue
+            info.adds.append(a)
+            if info.add is not None:
+                continue  # the innermost (first) add decides; later ones are outer or parallel adds
+            info.add = a
+            ends = {n for t in ([side] if side is not a.branch else a.terms + [a.branch]) for n in _unwrap_branch(g, t)}
+            if ends & _own_nodes(g, info):
+                info.placement = "sandwich"
+                info.rec.site.extra["branch_position"] = "output"
+            else:
+                info.placement = "pre"
+                info.rec.site.extra["branch_position"] = "input" if info.inp is a.reads else "inner"
+
+    branch_norms: dict[fx.Node, list[_SiteInfo]] = defaultdict(list)
+    for info in infos:
+        for a in info.adds:
+            branch_norms[a.node].append(info)
+
+    # pass 2: norms on the stream
+    for info in infos:
+        if info.placement != "unknown" or info.inp is None or info.out is None:
+            continue
+        after_add = info.inp in residual or bool(g.anc[g.idx[info.inp]] & add_mask)
+        ahead = _stream_reach(g, info.out, residual)
+        mine = _own_nodes(g, info)
+        direct = [a for a in ahead if stream_strip(a.skip) in mine]
+        if direct:
+            # its output is the skip of the next residual add: a norm on the stream
+            info.placement = "post" if (info.block is not None or after_add) else "embedding"
+            closes = info.inp in residual and residual[info.inp].block == info.block
+            if direct[0].block == info.block and not closes:
+                info.rec.site.extra["skip_from_norm"] = True
+        elif ahead:
+            info.placement = "embedding"  # feeds a projection that (re-)embeds the stream (patch merging)
+        elif not after_add:
+            info.placement = "none"
+        elif info.inp in residual and not branch_norms.get(info.inp):
+            info.placement = "post"  # LayerNorm(x + f(x)) closing the last sublayer
+        else:
+            info.placement = "final"
+
+    for info in infos:
+        info.rec.site.placement = info.placement  # type: ignore[assignment]
+
+    _double_norms(g, infos)
+    _model_facts(g, adds, residual, infos, model, candidates)
+
+
+def _own_nodes(g: _Graph, info: "_SiteInfo") -> set[fx.Node]:
+    """The nodes of a norm that may carry its result: output, gain/cast chain, claimed nodes."""
+    return {info.out, info.rec.output} | set(info.rec.nodes) | g.site_chain.get(id(info.rec), set())
+
+
+def _double_norms(g: _Graph, infos: list[_SiteInfo]) -> None:
+    """Mark a norm whose output goes only into another norm (through casts, dropout and views)."""
+    by_input: dict[fx.Node, list[_SiteInfo]] = defaultdict(list)
+    for info in infos:
+        for n in {info.rec.input, info.inp} - {None}:
+            by_input[n].append(info)
+
+    def belongs(u: fx.Node, other: _SiteInfo) -> bool:
+        return u in other.rec.nodes or u is other.rec.output or owner(u, g.modules) == other.rec.site.module
+
+    for info in infos:
+        if info.out is None:
+            continue
+        node, target = info.out, None
+        for _ in range(16):
+            users = g._real_users(node)
+            readers = [o for o in by_input.get(node, []) if o is not info]
+            hit = next((o for o in readers if users and all(belongs(u, o) for u in users)), None)
+            if hit is not None:
+                target = hit
+                break
+            if len(users) != 1 or not (op_name(users[0]) in NEUTRAL_OPS or op_name(users[0]) in VIEW_OPS):
+                break
+            node = users[0]
+        if target is not None:
+            info.rec.site.extra["feeds_norm"] = target.rec.site.module
+            target.rec.site.extra["reads_norm"] = info.rec.site.module
+
+
+def _key(info: _SiteInfo) -> str:
+    s = info.rec.site
+    return s.module + (f"#{s.call_index + 1}" if s.call_index else "")
+
+
+def _model_facts(g: _Graph, adds: list[ResidualAdd], residual: dict[fx.Node, ResidualAdd], infos: list[_SiteInfo],
+                 model: ModelFacts, candidates: set[str]) -> None:
+    model.num_residual_adds = len(adds)
+    model.parallel_residual = any(a.parallel for a in adds)
+    # blocks, in graph order of their first norm or add
+    order: dict[str, int] = {}
+    for info in infos:
+        if info.block is not None and info.out is not None:
+            order.setdefault(info.block, g.idx[info.out])
+    for a in adds:
+        if a.block is not None:
+            order[a.block] = min(order.get(a.block, g.idx[a.node]), g.idx[a.node])
+    blocks: dict[str, Block] = {}
+    for path in sorted(order, key=lambda p: order[p]):
+        mod = g.modules.get(path)
+        blocks[path] = Block(path=path, class_name=type(mod).__name__ if mod is not None else "?")
+    for info in sorted((i for i in infos if i.out is not None), key=lambda i: g.idx[i.out]):
+        if info.block in blocks:
+            blocks[info.block].norms[_key(info)] = info.placement  # type: ignore[assignment]
+    model.blocks = list(blocks.values())
+    _mark_mixed(model.blocks, infos)
+
+    roles: set[str] = set()
+    for b in model.blocks:
+        roles |= {p for p in b.norms.values() if p in BLOCK_ROLES}
+    if not model.blocks:
+        roles = {i.placement for i in infos if i.placement in BLOCK_ROLES}
+    mixed_blocks = any("majority_placement" in i.rec.site.extra for i in infos)
+    if not adds:
+        model.placement = "none"
+        model.has_final_norm = None
+        return
+    if not roles:
+        model.placement = "none" if all(i.placement == "none" for i in infos) else "unknown"
+    elif mixed_blocks or ("pre" in roles and "post" in roles) or ("post" in roles and "sandwich" in roles):
+        model.placement = "mixed"
+    elif "sandwich" in roles:
+        model.placement = "sandwich"
+    else:
+        model.placement = "pre" if roles == {"pre"} else "post"
+    # every stack's last residual add reaches a norm on the stream, and there is a closing norm
+    stream_norm_inputs = {i.inp for i in infos if i.placement in ("final", "post", "embedding") and i.inp is not None}
+    branch_norms: dict[fx.Node, list[_SiteInfo]] = defaultdict(list)
+    for info in infos:
+        for a in info.adds:
+            branch_norms[a.node].append(info)
+    ends_normed = True
+    for a in adds:
+        if not a.node.users and a.node.op == "call_method" and str(a.node.target).endswith("_"):
+            continue  # x.add_(f(x)) under symbolic tracing: fx does not see the mutation flow on
+        if _stream_reach(g, a.node, residual) or _normed_later(g, a.node, stream_norm_inputs):
+            continue
+        ends_normed = False
+        consumer = _consumer(g, a.node)
+        for info in branch_norms.get(a.node, []):
+            info.rec.site.extra["unnormed_stream_end"] = consumer
+    model.has_final_norm = ends_normed and any(i.placement == "final" for i in infos)
+
+
+def _consumer(g: _Graph, node: fx.Node) -> str:
+    """What first uses a stream value, seen through casts and views: a module path or ``output``."""
+    todo, seen = [node], 0
+    home = owner(node, g.modules)
+    while todo and seen < 64:
+        n = todo.pop(0)
+        seen += 1
+        for u in n.users:
+            name = op_name(u)
+            if u.op == "output":
+                return "output"
+            if name in NEUTRAL_OPS or name in VIEW_OPS or name in ("getitem", "type_as") or "assert" in name:
+                todo.append(u)
+                continue
+            path = owner(u, g.modules)
+            if path and not _inside(home, path):
+                return path
+            todo.append(u)
+    return "output"
+
+
+def _normed_later(g: _Graph, node: fx.Node, norm_inputs: set[fx.Node]) -> bool:
+    """``node`` reaches a stream norm's input through casts, views, slicing and pooling only."""
+    todo, seen = [node], 0
+    while todo and seen < 64:
+        n = todo.pop()
+        seen += 1
+        if n in norm_inputs:
+            return True
+        for u in n.users:
+            name = op_name(u)
+            if (name in NEUTRAL_OPS or name in VIEW_OPS or name in POOL_OPS or
+                    name in ("getitem", "select", "slice", "type_as", "mean", "amax", "adaptive_avg_pool1d", "cat")):
+                todo.append(u)
+    return False
+
+
+def _mark_mixed(blocks: list[Block], infos: list[_SiteInfo]) -> None:
+    """Flag norms whose role differs from the same norm in most blocks of the same class."""
+    by_key = {(_key(i)): i for i in infos}
+    groups: dict[tuple, list[Block]] = defaultdict(list)
+    for b in blocks:
+        rel = tuple(k[len(b.path) + 1:] if k.startswith(b.path + ".") else k for k in b.norms)
+        groups[(b.class_name, rel)].append(b)
+    for (_, rel), members in groups.items():
+        if len(members) < 2:
+            continue
+        for pos, name in enumerate(rel):
+            roles = [list(b.norms.values())[pos] for b in members]
+            counts = Counter(roles)
+            if len(counts) < 2:
+                continue
+            top = max(counts.values())
+            majority = next(r for r in roles if counts[r] == top)  # ties: the first block's role
+            for b, role in zip(members, roles):
+                if role != majority:
+                    info = by_key.get(list(b.norms)[pos])
+                    if info is not None:
+                        info.rec.site.extra["majority_placement"] = majority
+                        info.rec.site.extra["majority_blocks"] = [m.path for m, r in zip(members, roles) if r == majority]

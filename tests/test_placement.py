@@ -1,0 +1,245 @@
+"""Placement analysis (normaudit.facts.placement) and the placement rules (rules/placement/NP1xx).
+
+- every fixture in tests/fixtures/placement/<ID>_<n>.py names the exact modules its rule must flag (true
+  positives, with severity) and must not flag (true negatives), plus the placements and model facts the
+  analysis must derive; factories other than build_model() are listed under EXPECT["factories"];
+- both capture methods (fx symbolic tracing and torch.export) give the same placements wherever both work;
+- real code no one here wrote: torch.nn.TransformerEncoderLayer (norm_first False/True), nn.Transformer,
+  and Hugging Face BertModel, GPT2Model, LlamaModel, T5Model, ViTModel (tiny configs on the meta device).
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import audit_file, audit_model, site
+from normaudit.capture import capture_model
+from normaudit.engine.loader import builtin_rules_dir, load_rule_file
+from normaudit.facts.placement import analyse
+from normaudit.facts.sites import discover_sites
+from normaudit.report import ModelFacts
+
+FIXTURES = Path(__file__).parent / "fixtures" / "placement"
+RANK = {"info": 0, "warning": 1, "error": 2}
+
+
+@pytest.fixture(scope="module")
+def placement_rules():
+    """Only the placement rules: these tests must not depend on other families' rules."""
+    rules = [load_rule_file(p) for p in sorted((builtin_rules_dir() / "placement").glob("*.yaml"))]
+    return {r.id: r for r in rules}
+
+
+def _load(path: Path):
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec = importlib.util.spec_from_file_location(f"placement_fixture_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(path.parent))
+
+
+def _cases():
+    out = []
+    for path in sorted(FIXTURES.glob("NP*_*.py")):
+        expect = _load(path).EXPECT
+        out.append(pytest.param(path, "build_model", expect, id=f"{path.stem}"))
+        for factory, sub in expect.get("factories", {}).items():
+            out.append(pytest.param(path, factory, dict(sub, rule=expect["rule"]), id=f"{path.stem}:{factory}"))
+    return out
+
+
+def _findings(report, rule_id):
+    return {f.module: f for f in report.findings if f.rule_id == rule_id}
+
+
+def _check_model(report, expect):
+    for key, want in expect.get("model", {}).items():
+        assert getattr(report.model, key) == want, (key, report.model)
+    for module, want in expect.get("placement", {}).items():
+        assert site(report, module).placement == want, (module, [(s.module, s.placement) for s in report.sites])
+
+
+@pytest.mark.parametrize("path,factory,expect", _cases())
+def test_rule_fixture(path, factory, expect, placement_rules):
+    report = audit_file(f"{path}:{factory}", placement_rules)
+    got = _findings(report, expect["rule"])
+    assert {m: f.severity for m, f in got.items()} == expect["flagged"], [(f.module, f.message) for f in got.values()]
+    for module in expect.get("not_flagged", []):
+        assert module not in got
+    for text in expect.get("message_has", []):
+        assert any(text in f.message for f in got.values()), (text, [f.message for f in got.values()])
+    for other in expect.get("also_silent", []):
+        assert not _findings(report, other)
+    for f in got.values():
+        assert f.category == "placement" and f.fix
+    _check_model(report, expect)
+
+
+def _every_rule_has_both_fixtures():
+    positives, negatives = set(), set()
+    for path, factory, expect in (p.values for p in _cases()):
+        (positives if expect["flagged"] else negatives).add(expect["rule"])
+    return positives, negatives
+
+
+def test_every_placement_rule_has_true_positive_and_true_negative(placement_rules):
+    positives, negatives = _every_rule_has_both_fixtures()
+    assert set(placement_rules) == positives == negatives
+
+
+# -- both capture methods --------------------------------------------------------------------------------
+def _placements(model, inputs, method):
+    cap = capture_model(model, inputs, on_meta=False, methods=(method,))
+    if cap.gm is None:
+        return None
+    records = discover_sites(cap)
+    facts = ModelFacts(class_name=type(model).__name__)
+    analyse(cap, records, facts)
+    roles = [(r.site.module, r.site.call_index, r.site.placement, r.site.block,
+              sorted(k for k in r.site.extra if k in ("skip_from_norm", "reads_norm", "feeds_norm", "majority_placement")))
+             for r in records]
+    return roles, facts.model_dump(exclude={"class_name", "num_parameters"})
+
+
+@pytest.mark.parametrize("name", ["NP101_3", "NP102_1", "NP103_1", "NP104_1"])
+def test_symbolic_trace_and_export_agree(name):
+    """Pre-LN with parallel residuals, skip-from-norm with a hand-written RMS norm, post-LN with a double
+    norm, and mixed blocks: the same placements, blocks and model facts from both capture methods."""
+    module = _load(FIXTURES / f"{name}.py")
+    torch.manual_seed(0)
+    traced = _placements(module.build_model(), module.example_inputs(), "symbolic_trace")
+    exported = _placements(module.build_model(), module.example_inputs(), "export")
+    assert traced is not None and exported is not None, "both methods capture these fixtures"
+    assert traced == exported
+
+
+# -- torch.nn ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("norm_first,placement", [(False, "post"), (True, "pre")])
+def test_torch_transformer_encoder_layer(norm_first, placement, placement_rules):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True, norm_first=norm_first)
+    inputs = (torch.randn(2, 5, 16),)
+    report = audit_model(layer, inputs, rules=placement_rules)
+    # torch.nn.TransformerEncoderLayer's forward calls F._canonical_mask, which symbolic tracing cannot
+    # run on proxies: export captures it. Where symbolic tracing works the answers must agree.
+    assert report.capture.method == "export"
+    assert [(s.module, s.placement) for s in report.sites] == [("norm1", placement), ("norm2", placement)]
+    assert report.model.placement == placement and report.model.num_residual_adds == 2
+    traced = _placements(layer, inputs, "symbolic_trace")
+    if traced is not None:
+        assert traced == _placements(layer, inputs, "export")
+
+    stack = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+    report = audit_model(stack, inputs, rules=placement_rules)
+    assert [(b.path, b.norms) for b in report.model.blocks] == [
+        (f"layers.{i}", {f"layers.{i}.norm1": placement, f"layers.{i}.norm2": placement}) for i in range(2)]
+    # pre-LN layers without TransformerEncoder(norm=...): the stream reaches the output un-normalised
+    assert {f.module for f in report.findings if f.rule_id == "NP101"} == ({"layers.1"} if norm_first else set())
+
+
+def test_torch_transformer_defaults_are_post_ln_with_double_final_norms(placement_rules):
+    torch.manual_seed(0)
+    model = nn.Transformer(d_model=16, nhead=2, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=32,
+                           batch_first=True)
+    report = audit_model(model, (torch.randn(2, 5, 16), torch.randn(2, 4, 16)), rules=placement_rules)
+    expected = {f"encoder.layers.{i}.norm{j}": "post" for i in range(2) for j in (1, 2)}
+    expected.update({f"decoder.layers.{i}.norm{j}": "post" for i in range(2) for j in (1, 2, 3)})
+    expected.update({"encoder.norm": "final", "decoder.norm": "final"})
+    assert {s.module: s.placement for s in report.sites} == expected
+    assert report.model.placement == "post" and report.model.has_final_norm is True
+    assert site(report, "encoder.norm").extra["reads_norm"] == "encoder.layers.1.norm2"
+    assert site(report, "decoder.norm").extra["reads_norm"] == "decoder.layers.1.norm3"
+    np103 = _findings(report, "NP103")
+    assert sorted(np103) == ["decoder.norm", "encoder.norm"]
+    assert all(f.severity == "info" for f in np103.values())
+    assert not [f for f in report.findings if RANK[f.severity] >= RANK["warning"]]
+
+
+# -- Hugging Face transformers -------------------------------------------------------------------------
+transformers = pytest.importorskip("transformers")
+
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=100)
+
+
+def _hf(config_name, model_name, **kw):
+    cfg = getattr(transformers, config_name)(**kw)
+    with torch.device("meta"):
+        return getattr(transformers, model_name)(cfg)
+
+
+def _hf_report(model, rules):
+    report = audit_model(model, rules=rules, on_meta=True)
+    assert report.capture.complete
+    return report
+
+
+def test_bert_is_post_ln(placement_rules):
+    report = _hf_report(_hf("BertConfig", "BertModel", **TINY), placement_rules)
+    expected = {"embeddings.LayerNorm": "embedding"}
+    for i in range(2):
+        expected[f"encoder.layer.{i}.attention.output.LayerNorm"] = "post"
+        expected[f"encoder.layer.{i}.output.LayerNorm"] = "post"
+    assert {s.module: s.placement for s in report.sites} == expected
+    assert report.model.placement == "post" and not report.model.parallel_residual
+    assert report.model.num_residual_adds == 4 and report.model.has_final_norm is False
+    assert [b.path for b in report.model.blocks] == ["encoder.layer.0", "encoder.layer.1"]
+    assert {s.module: s.block for s in report.sites}["encoder.layer.1.output.LayerNorm"] == "encoder.layer.1"
+    assert report.findings == []
+
+
+def test_gpt2_is_pre_ln_with_final_norm(placement_rules):
+    model = _hf("GPT2Config", "GPT2Model", n_embd=32, n_layer=2, n_head=4, vocab_size=100, bos_token_id=0,
+                eos_token_id=0)
+    report = _hf_report(model, placement_rules)
+    assert {s.module: s.placement for s in report.sites} == {
+        "h.0.ln_1": "pre", "h.0.ln_2": "pre", "h.1.ln_1": "pre", "h.1.ln_2": "pre", "ln_f": "final"}
+    assert report.model.placement == "pre" and report.model.has_final_norm is True
+    assert [(b.path, b.class_name) for b in report.model.blocks] == [("h.0", "GPT2Block"), ("h.1", "GPT2Block")]
+    assert report.findings == []
+
+
+def test_llama_is_pre_ln_with_final_norm(placement_rules):
+    model = _hf("LlamaConfig", "LlamaModel", num_key_value_heads=2, **TINY)
+    report = _hf_report(model, placement_rules)
+    expected = {f"layers.{i}.{n}": "pre" for i in range(2) for n in ("input_layernorm", "post_attention_layernorm")}
+    expected["norm"] = "final"
+    assert {s.module: s.placement for s in report.sites} == expected
+    assert report.model.placement == "pre" and report.model.has_final_norm is True
+    assert report.model.blocks[1].norms == {"layers.1.input_layernorm": "pre", "layers.1.post_attention_layernorm": "pre"}
+    assert report.findings == []
+
+
+def test_t5_is_pre_ln_with_final_norms_in_encoder_and_decoder(placement_rules):
+    model = _hf("T5Config", "T5Model", d_model=32, d_ff=64, num_layers=2, num_heads=4, d_kv=8, vocab_size=100)
+    report = _hf_report(model, placement_rules)
+    expected = {}
+    for stack, sublayers in (("encoder", 2), ("decoder", 3)):
+        for i in range(2):
+            for j in range(sublayers):
+                expected[f"{stack}.block.{i}.layer.{j}.layer_norm"] = "pre"
+        expected[f"{stack}.final_layer_norm"] = "final"
+    assert {s.module: s.placement for s in report.sites} == expected
+    assert report.model.placement == "pre" and report.model.has_final_norm is True
+    assert [b.path for b in report.model.blocks] == ["encoder.block.0", "encoder.block.1",
+                                                     "decoder.block.0", "decoder.block.1"]
+    assert report.findings == []
+
+
+def test_vit_is_pre_ln_with_final_norm(placement_rules):
+    model = _hf("ViTConfig", "ViTModel", image_size=32, patch_size=8, **TINY)
+    report = _hf_report(model, placement_rules)
+    layers = [b.path for b in report.model.blocks]
+    assert len(layers) == 2
+    expected = {f"{p}.{n}": "pre" for p in layers for n in ("layernorm_before", "layernorm_after")}
+    expected["layernorm"] = "final"
+    assert {s.module: s.placement for s in report.sites} == expected
+    assert report.model.placement == "pre" and report.model.has_final_norm is True
+    assert report.findings == []
