@@ -30,7 +30,7 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -95,9 +95,11 @@ def audit_parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore", type=_ids, help="comma-separated rule ids, id prefixes, names or categories")
     p.add_argument("--rules", action="append", metavar="DIR", help="a directory of extra rule files")
     p.add_argument("--input-axes", help="axes of the first input, e.g. B,C,H,W or batch,sequence")
-    p.add_argument("--probe", action="append", default=[], choices=["batch"],
-                   help="opt-in dynamic probe on a small real copy of the model: 'batch' checks that each "
-                        "norm's output for one example does not depend on the other examples")
+    p.add_argument("--probe", action="append", default=[], choices=["batch", "size"],
+                   help="opt-in dynamic probe: 'batch' runs a small real copy of the model and checks that each "
+                        "norm's output for one example does not depend on the other examples; 'size' forces the "
+                        "re-capture at other spatial/sequence sizes on graphs above 1500 nodes (smaller ones get it "
+                        "by default)")
     p.add_argument("--baseline", metavar="FILE", help="report only findings not recorded in this baseline")
     p.add_argument("--write-baseline", metavar="FILE", help="record the current findings as the baseline")
     p.add_argument("--settings", metavar="FILE", help="the normaudit settings file (default: normaudit.toml or "
@@ -270,8 +272,9 @@ def render_results(fmt: str, results: list[TargetResult], rules: dict, multi: bo
     if fmt == "sarif":
         logs = [json.loads(render(r.report, rules)) for r in done]
         if not logs:
-            return json.dumps({"version": "2.1.0", "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
-                               "runs": []}, indent=2)
+            from normaudit.render.sarif import SARIF_SCHEMA_URI, SARIF_VERSION
+
+            return json.dumps({"$schema": SARIF_SCHEMA_URI, "version": SARIF_VERSION, "runs": []}, indent=2)
         merged = logs[0]
         merged["runs"] = [run for log in logs for run in log.get("runs", [])]
         return json.dumps(merged, indent=2, ensure_ascii=False)
@@ -313,14 +316,6 @@ def _check_selectors(patterns: list[str], rules: dict, option: str, settings: An
         if settings is not None and settings.source is not None:
             raise UsageError(msg, file=str(settings.source), line=settings.line_of(key))
         raise UsageError(msg)
-
-
-@dataclass
-class _Plan:
-    targets: list[Any]
-    fail_on: str
-    baseline: Optional[str]
-    per_module_ignores: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _target_options(t: Any, args: argparse.Namespace, settings: Any, rules_dirs: list[str]):

@@ -178,7 +178,7 @@ def _explain(err: ValidationError, text: str, path: Path, is_pyproject: bool) ->
         inner = "targets" in loc[:1]
         known = _keys(TargetSettings if inner else Settings)
         hint = difflib.get_close_matches(key, known, n=1)
-        msg = f"unknown key '{key}'" + (f" in a targets entry" if inner else "")
+        msg = f"unknown key '{key}'" + (" in a targets entry" if inner else "")
         if hint:
             msg += f" (did you mean '{hint[0]}'?)"
         elif key == "tool" and not is_pyproject:

@@ -125,9 +125,12 @@ def test_several_targets_make_one_json_document(capsys, tmp_path, tiny):
 def test_exit_status_is_the_worst_over_targets_and_failures_do_not_hide_reports(capsys, tmp_path, tiny, monkeypatch):
     monkeypatch.setattr(cli, "_stderr_is_tty", lambda: True)
     missing = tmp_path / "missing.py"
-    rc, out, err = run(capsys, tiny, missing, "--format", "json", *TEST_RULES)
+    out_json = tmp_path / "out.json"
+    rc, out, err = run(capsys, tiny, missing, "--format", "json", "-o", out_json, "--format", "github", *TEST_RULES)
     assert rc == 2
-    doc = json.loads(out)
+    assert out.count("::error file=") == 2 and out.count("::warning file=") == 1
+    assert out.splitlines()[-1].startswith("::error title=normaudit ") and "no such file or directory" in out
+    doc = json.loads(out_json.read_text())
     assert len(doc["reports"]) == 1 and doc["reports"][0]["summary"]["errors"] == 2
     assert doc["errors"] == [{"target": str(missing), "status": 2, "message": f"{missing}: no such file or directory"}]
     assert "[1/2] " in err and "[2/2] " in err  # progress lines on a terminal
@@ -141,7 +144,10 @@ def test_several_targets_text_and_sarif(capsys, tmp_path, tiny):
     rc, out, _ = run(capsys, tiny, other, "--format", "text", "--format", "sarif", "-o", sarif, *TEST_RULES)
     assert rc == 1
     assert out.count("normaudit 0.") == 2 and "2 targets (0 failed): 4 error(s), 2 warning(s)" in out
-    assert len(json.loads(sarif.read_text())["runs"]) == 2
+    log = json.loads(sarif.read_text())
+    assert len(log["runs"]) == 2
+    schema = json.loads((Path(__file__).parent / "data" / "sarif-2.1.0.schema.json").read_text())
+    jsonschema.validate(log, schema)
 
 
 # ---------------------------------------------------------------------------------------------- bad input
@@ -261,3 +267,13 @@ def test_real_process_exit_codes_and_stderr(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == "normaudit: error: missing.py: no such file or directory"
     assert proc.stdout == ""
+
+
+def test_docstring_examples():
+    import doctest
+
+    import normaudit.suppress
+
+    for module in (cli, normaudit.suppress):
+        result = doctest.testmod(module)
+        assert result.failed == 0 and result.attempted > 0, module.__name__
