@@ -28,9 +28,9 @@ WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.
 
 def set_offline() -> None:
     """Make ``transformers``/``huggingface_hub`` work offline for this process (never touch the network)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
 
 def weight_files(directory: Path) -> list[str]:
