@@ -599,3 +599,22 @@ def test_cli_refuses_malicious_checkpoint_option(tmp_path, capsys, monkeypatch):
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "evil.pt: refusing to unpickle: " in err
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("layout", ["directory", "sharded_index"])
+def test_checkpoint_only_target_layouts(tmp_path, layout):
+    from conftest import audit_file
+
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    save_file({"a.norm.weight": torch.ones(4), "a.fc.weight": torch.ones(4, 4)}, str(d / "part1.safetensors"))
+    save_file({"b.ln_f.weight": torch.full((4,), float("nan")), "b.ln_f.bias": torch.zeros(4)},
+              str(d / "part2.safetensors"))
+    index = {"weight_map": {"a.norm.weight": "part1.safetensors", "a.fc.weight": "part1.safetensors",
+                            "b.ln_f.weight": "part2.safetensors", "b.ln_f.bias": "part2.safetensors"}}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    target = d if layout == "directory" else d / "model.safetensors.index.json"
+    report = audit_file(target)
+    assert report.target.kind == "checkpoint"
+    assert [(s.module, s.kind) for s in report.sites] == [("a.norm", "RMSNorm"), ("b.ln_f", "LayerNorm")]
+    assert [(f.rule_id, f.module, f.severity) for f in report.findings] == [("NC103", "b.ln_f", "error")]

@@ -139,3 +139,30 @@ def test_n17_fp16_eps_facts(eps_rules):
     assert (pre.dtype, pre.in_dtype > 0) == ("float32", True)
     assert (norm.dtype, norm.in_dtype) == ("float16", 0.0)
     assert [(f.rule_id, f.module, f.severity) for f in r.findings] == [("NE104", "norm", "error")]
+
+
+def test_checkpoint_config_origin():
+    """The config beside a checkpoint is the user's statement (origin checkpoint) unless the model is a transformers
+    model of the same model_type (origin library: its code decides), or it is the file the model was built from."""
+    from types import SimpleNamespace
+
+    from normaudit.audit import checkpoint_config_source
+    from normaudit.target import ModelUnderAudit
+
+    ckpt = SimpleNamespace(config={"model_type": "bert", "layer_norm_eps": 1e-12},
+                           config_source="/w/bert/config.json")
+    plain = ModelUnderAudit(model=torch.nn.Module(), inputs=(), on_meta=False, kind="python", file="/w/model.py")
+    src = checkpoint_config_source(ckpt, plain, None)
+    assert (src.origin, src.source) == ("checkpoint", "config.json (with the checkpoint)")
+
+    class Lib(torch.nn.Module):
+        pass
+
+    lib = Lib()
+    lib.config = type("BertConfig", (), {"__module__": "transformers.models.bert"})()
+    mua = ModelUnderAudit(model=lib, inputs=(), on_meta=True, kind="python", file="/w/model.py")
+    assert checkpoint_config_source(ckpt, mua, {"model_type": "bert"}).origin == "library"
+    assert checkpoint_config_source(ckpt, mua, {"model_type": "roberta"}).origin == "checkpoint"
+    embedded = SimpleNamespace(config={"rms_norm_eps": 1e-5}, config_source="/w/x.safetensors:__metadata__.config")
+    assert checkpoint_config_source(embedded, plain, None).source == \
+        "x.safetensors:__metadata__.config (with the checkpoint)"

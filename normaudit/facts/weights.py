@@ -66,19 +66,25 @@ def site_param_names(site: Any, mod: Optional[nn.Module]) -> list[str]:
     return [n for n, t in items if t.dim() == 1 and (size is None or t.numel() == size)]
 
 
-def _param_nodes(gm: Optional[fx.GraphModule], user_inputs: list[str], fqn: str) -> list[fx.Node]:
-    if gm is None:
-        return []
-    flat = fqn.replace(".", "_")
-    # torch.export names parameter/buffer placeholders p_/b_ + the flattened path (under normaudit's wrapper, m_)
-    names = {f"{kind}_{wrap}{flat}" for kind in ("p", "b") for wrap in ("", "m_")}
-    out = []
-    for node in gm.graph.nodes:
-        if node.op == "get_attr" and str(node.target) == fqn:
-            out.append(node)
-        elif node.op == "placeholder" and node.name not in user_inputs and node.name in names:
-            out.append(node)
-    return out
+class _ParamIndex:
+    """The graph nodes that read each parameter: ``get_attr`` nodes by target (symbolic tracing); placeholders
+    by name (torch.export names them ``p_``/``b_`` + the flattened path, ``m_`` first under normaudit's wrapper)."""
+
+    def __init__(self, gm: Optional[fx.GraphModule], user_inputs: list[str]):
+        self.by_key: dict[str, list[fx.Node]] = {}
+        if gm is None:
+            return
+        users = set(user_inputs)
+        for node in gm.graph.nodes:
+            if node.op == "get_attr":
+                self.by_key.setdefault(str(node.target), []).append(node)
+            elif node.op == "placeholder" and node.name not in users:
+                self.by_key.setdefault(node.name, []).append(node)
+
+    def nodes(self, fqn: str) -> list[fx.Node]:
+        flat = fqn.replace(".", "_")
+        keys = [fqn] + [f"{kind}_{wrap}{flat}" for kind in ("p", "b") for wrap in ("", "m_")]
+        return [n for k in keys for n in self.by_key.get(k, [])]
 
 
 def _role(node: fx.Node) -> tuple[Optional[str], Optional[str]]:
@@ -105,9 +111,12 @@ def _role(node: fx.Node) -> tuple[Optional[str], Optional[str]]:
 
 
 def param_roles(site: Any, names: list[str], gm: Optional[fx.GraphModule] = None,
-                user_inputs: Optional[list[str]] = None) -> tuple[dict[str, str], Optional[str]]:
+                user_inputs: Optional[list[str]] = None, index: Optional[_ParamIndex] = None
+                ) -> tuple[dict[str, str], Optional[str]]:
     """({name: ``gain``|``bias``|``stat``}, gain form) of a site's parameters: by the graph where it shows a
-    use, else by leaf name (``weight``/``gamma``/``scale``/``g`` gain, ``bias``/``beta``/``b`` bias)."""
+    use, else by leaf name (``weight``/``gamma``/``scale``/``g`` gain, ``bias``/``beta``/``b`` bias).
+    ``index``: a :class:`_ParamIndex` of ``gm`` built once for many sites."""
+    index = index or _ParamIndex(gm, user_inputs or [])
     roles: dict[str, str] = {}
     form: Optional[str] = None
     builtin = site.detected_by in ("module", "module_walk") and site.class_name != "(checkpoint)"
@@ -117,7 +126,7 @@ def param_roles(site: Any, names: list[str], gm: Optional[fx.GraphModule] = None
             continue
         role = None
         if not builtin:
-            for node in _param_nodes(gm, user_inputs or [], _fqn(site.module, name)):
+            for node in index.nodes(_fqn(site.module, name)):
                 role, f = _role(node)
                 if role == "gain" and form is None:
                     form = f
@@ -147,16 +156,19 @@ def analyse(ctx: Any, records: list) -> list[str]:
     gm = cap.gm
     user_inputs = list(getattr(cap, "user_inputs", []) or [])
     modules = cap.modules
+    ckpt = getattr(ctx, "checkpoint", None)
+    index = _ParamIndex(gm, user_inputs)
     per_site: list[tuple[Any, list[str], dict[str, str]]] = []
     for rec in records:
         site = rec.site
-        mod = modules.get(site.module)
-        names = site_param_names(site, mod)
-        roles, graph_form = param_roles(site, names, gm, user_inputs)
-        if site.formula is None or site.formula.gain in (None, "unknown"):
+        known = site.formula is not None and site.formula.gain not in (None, "unknown")
+        if known and ckpt is None:
+            continue
+        names = site_param_names(site, modules.get(site.module))
+        roles, graph_form = param_roles(site, names, gm, user_inputs, index)
+        if not known:
             site.extra["gain_form"] = _fallback_gain_form(site, roles, graph_form)
         per_site.append((site, names, roles))
-    ckpt = getattr(ctx, "checkpoint", None)
     if ckpt is None:
         return []
     root = cap.root
