@@ -317,3 +317,12 @@ def test_size_probe_default_limit_and_opt_in(monkeypatch, my_rules):
     assert any(n.startswith("size probe skipped: the graph has") for n in r.notes)
     r = audit_model(spec.build_model(), spec.example_inputs(), rules=my_rules, probes=["size"])
     assert site(r, "ln_chw").size_probe.tied is True
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from normaudit.facts import batchnorm as batchnorm_pass
+
+    for mod in (axes_pass, batchnorm_pass, probes_pass):
+        assert doctest.testmod(mod).failed == 0, mod.__name__

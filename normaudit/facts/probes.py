@@ -40,7 +40,7 @@ from normaudit.capture import Capture
 from normaudit.capture.ir import owner, shape
 from normaudit.report import BatchProbe, SizeProbe
 
-SIZE_PROBE_MAX_NODES = 4000
+SIZE_PROBE_MAX_NODES = 1500
 BATCH_PROBE_MAX_PARAMS = 50_000_000
 PROBE_BATCH = 4
 RESIZABLE = ("sequence", "height", "width", "depth")
@@ -96,7 +96,7 @@ def plan_resize(cap: Capture, records: list) -> Optional[ResizePlan]:
                 continue
             for d in tensor_dims:
                 for names, size in d:
-                    if len(names) == 1 and names[0] in seen:
+                    if len(names) == 1 and names[0] in seen and size > 1:
                         seen[names[0]].add(int(size))
                     if set(names) <= {"channel", "feature", "head"} and "unknown" not in names:
                         forbidden.add(int(size))
@@ -377,12 +377,18 @@ def _site_call(rec, run: _EagerRun, order: dict[int, int], old: Optional[_EagerR
 
 
 def _probe_eager(cap: Capture, records: list, old_args: Any, new_args: Any, plan: ResizePlan) -> tuple[list[str], int]:
-    old = _run_eager(cap.root, old_args)
-    if old.error is not None:
-        for rec in records:
-            rec.site.size_probe = None
-        return [f"size probe skipped: the model does not run eagerly on fake tensors at the captured size "
-                f"({_one_line(old.error)})"], 0
+    """Eager runs on fake tensors. Fused sites are matched by the order of fused norm calls in their module;
+    hand-written ones need a run at the captured size too (to find their reduction among the module's), so
+    that run is made only when there are some. (Non-strict export ran the same Python code eagerly at the
+    captured size, so that size is known to work.)"""
+    old: Optional[_EagerRun] = None
+    if any(r.site.detected_by not in ("module", "functional") for r in records):
+        old = _run_eager(cap.root, old_args)
+        if old.error is not None:
+            for rec in records:
+                rec.site.size_probe = None
+            return [f"size probe skipped: the model does not run eagerly on fake tensors at the captured size "
+                    f"({_one_line(old.error)})"], 0
     new = _run_eager(cap.root, new_args)
     order: dict[int, int] = {}
     counters: dict[tuple[str, bool], int] = {}
@@ -399,7 +405,8 @@ def _probe_eager(cap: Capture, records: list, old_args: Any, new_args: Any, plan
         i = _site_call(rec, new, order, old)
         new_calls = new.calls.get(s.module, [])
         new_shape = None
-        if i is not None and i < len(new_calls) and new_calls[i][0] == old.calls[s.module][i][0]:
+        ref_calls = (old or new).calls.get(s.module, [])
+        if i is not None and i < len(new_calls) and i < len(ref_calls) and new_calls[i][0] == ref_calls[i][0]:
             new_shape = new_calls[i][1]
             if s.detected_by == "pattern" and rec.input is not None and shape(rec.input) is not None \
                     and len(new_shape) != len(shape(rec.input)):
