@@ -20,7 +20,7 @@ from normaudit.errors import UsageError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cli"
 TINY = FIXTURES / "tiny.py"
-TEST_RULES = ["--rules", str(FIXTURES / "rules"), "--select", "NT,NK", "--isolated"]
+TEST_RULES = ["--rules", str(FIXTURES / "rules"), "--select", "NZ,NK", "--isolated"]
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -49,7 +49,7 @@ def tiny(tmp_path: Path) -> Path:
 # ------------------------------------------------------------------------------------- the JSON contract
 def test_json_for_one_target_is_exactly_the_report(capsys, tiny):
     rc, out, err = run(capsys, tiny, "--format", "json", *TEST_RULES)
-    assert rc == 1  # NT001 is an error
+    assert rc == 1  # NZ001 is an error
     doc = json.loads(out)  # exactly one JSON document on stdout
     assert doc["tool"] == "normaudit" and "reports" not in doc
     assert {"sites", "model", "findings", "summary", "target"} <= set(doc)
@@ -58,7 +58,7 @@ def test_json_for_one_target_is_exactly_the_report(capsys, tiny):
         assert {"module", "kind", "eps", "normalized_axes", "placement"} <= set(site)
     assert {"placement", "parallel_residual"} <= set(doc["model"])
     assert sorted((f["rule_id"], f["module"]) for f in doc["findings"]) == [
-        ("NT001", "layers.0.norm"), ("NT001", "layers.1.norm"), ("NT002", "final")]
+        ("NZ001", "layers.0.norm"), ("NZ001", "layers.1.norm"), ("NZ002", "final")]
     for f in doc["findings"]:
         assert {"rule_id", "category", "severity", "module", "message", "source"} <= set(f)
         assert f["source"]["line"] in (12, 24)
@@ -160,13 +160,13 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     (tmp_path / "bad.yaml").write_text("a: 1\nb: [1, 2\n")
     rules = tmp_path / "badrules"
     rules.mkdir()
-    (rules / "NT777-x.yaml").write_text("id: NT777\nname: x\ncategory: eps\nseverity: [error\nwhen: 'True'\n")
+    (rules / "NZ777-x.yaml").write_text("id: NZ777\nname: x\ncategory: eps\nseverity: [error\nwhen: 'True'\n")
     rules2 = tmp_path / "badrules2"
     rules2.mkdir()
-    (rules2 / "NT776-y.yaml").write_text("id: NT776\nname: y\ncategory: eps\nseverity: error\nwhen: 'True'\n"
+    (rules2 / "NZ776-y.yaml").write_text("id: NZ776\nname: y\ncategory: eps\nseverity: error\nwhen: 'True'\n"
                                          "message: m\nfix: f\n")
     (tmp_path / "bad-baseline.json").write_text("[1, 2")
-    (tmp_path / "settings.toml").write_text("select = [\"NT\"]\nfail-on = \"sometimes\"\n")
+    (tmp_path / "settings.toml").write_text("select = [\"NZ\"]\nfail-on = \"sometimes\"\n")
     tiny = str(tmp_path / "tiny.py")
     return {
         "nonexistent target": ([str(tmp_path / "nope.py")], "nope.py: no such file or directory"),
@@ -180,8 +180,8 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         "missing config": ([tiny, "--config", str(tmp_path / "none.yaml")], "none.yaml: config file not found"),
         "unwritable -o": ([tiny, "-o", str(tmp_path / "no" / "dir" / "out.txt")], "out.txt: cannot write output"),
         "-o is a directory": ([tiny, "--format", "json", "-o", str(tmp_path)], "cannot write output: is a directory"),
-        "bad rule file": ([tiny, "--rules", str(rules)], "NT777-x.yaml:5: invalid YAML in rule file"),
-        "incomplete rule file": ([tiny, "--rules", str(rules2)], "NT776-y.yaml: rule field 'doc': Field required"),
+        "bad rule file": ([tiny, "--rules", str(rules)], "NZ777-x.yaml:5: invalid YAML in rule file"),
+        "incomplete rule file": ([tiny, "--rules", str(rules2)], "NZ776-y.yaml: rule field 'doc': Field required"),
         "missing rules dir": ([tiny, "--rules", str(tmp_path / "nodir")], "rules directory not found"),
         "bad baseline": ([tiny, "--baseline", str(tmp_path / "bad-baseline.json")], "bad-baseline.json:1: invalid JSON"),
         "bad settings value": ([tiny, "--settings", str(tmp_path / "settings.toml")], "settings.toml:2: 'fail-on'"),
@@ -214,13 +214,13 @@ def test_bad_input_is_one_line_and_exit_2(name, capsys, tmp_path, tiny):
 def test_a_failing_user_rule_is_bad_input_naming_its_file(capsys, tmp_path, tiny):
     rules = tmp_path / "myrules"
     rules.mkdir()
-    (rules / "NT778-broken.yaml").write_text(
-        (FIXTURES / "rules" / "NT001-test-layernorm.yaml").read_text()
-        .replace("NT001", "NT778").replace("test-layernorm", "broken").replace('"True"', '"site.no_such_fact > 1"'))
-    rc, _, err = run(capsys, tiny, "--rules", rules, "--select", "NT778", "--isolated")
+    (rules / "NZ778-broken.yaml").write_text(
+        (FIXTURES / "rules" / "NZ001-test-layernorm.yaml").read_text()
+        .replace("NZ001", "NZ778").replace("test-layernorm", "broken").replace('"True"', '"site.no_such_fact > 1"'))
+    rc, _, err = run(capsys, tiny, "--rules", rules, "--select", "NZ778", "--isolated")
     assert rc == 2
     line = one_line_error(err)
-    assert "NT778-broken.yaml" in line and "rule NT778 failed" in line
+    assert "NZ778-broken.yaml" in line and "rule NZ778 failed" in line
 
 
 # ------------------------------------------------------------------------------- the user's tree stays clean
@@ -254,7 +254,7 @@ def test_package_module_factory_target(capsys, tmp_path, monkeypatch):
     assert rc == 1, err
     doc = json.loads(out)
     assert doc["target"]["factory"] == "mypkg.models:make"
-    assert [(f["rule_id"], f["module"], f["source"]["line"]) for f in doc["findings"]] == [("NT001", "norm", 7)]
+    assert [(f["rule_id"], f["module"], f["source"]["line"]) for f in doc["findings"]] == [("NZ001", "norm", 7)]
     assert not list(tmp_path.rglob("__pycache__"))
     rc, _, err = run(capsys, "mypkg.models:nothing", *TEST_RULES)
     assert rc == 2 and "no callable nothing() in module mypkg.models" in one_line_error(err)

@@ -107,7 +107,7 @@ def test_targets_from_settings_are_audited_without_a_target_argument(capsys, pro
     write_pyproject(project, """\
 targets = ["tiny.py", {path = "other.py", dtype = "bfloat16", batch-size = 3}]
 rules = ["testrules"]
-select = ["NT", "NK"]
+select = ["NZ", "NK"]
 fail-on = "warning"
 dtype = "float16"
 """)
@@ -119,27 +119,27 @@ dtype = "float16"
     # one target named on the command line keeps its table options, and is a single report
     rc, out, _ = run(capsys, "other.py", "--format", "json")
     assert json.loads(out)["target"]["dtype"] == "bfloat16"
-    # select from the settings: only NT002 (a warning) -> fail-on warning -> 1; the flag overrides -> 0
-    (project / "normaudit.toml").write_text('targets = ["tiny.py"]\nrules = ["testrules"]\nselect = ["NT002"]\n'
+    # select from the settings: only NZ002 (a warning) -> fail-on warning -> 1; the flag overrides -> 0
+    (project / "normaudit.toml").write_text('targets = ["tiny.py"]\nrules = ["testrules"]\nselect = ["NZ002"]\n'
                                             'fail-on = "warning"\n')
     assert run(capsys)[0] == 1
     assert run(capsys, "--fail-on", "error")[0] == 0
-    assert run(capsys, "--select", "NT001")[0] == 1
+    assert run(capsys, "--select", "NZ001")[0] == 1
 
 
 def test_per_module_ignores_drop_matching_findings(capsys, project):
     (project / "normaudit.toml").write_text("""\
 targets = ["tiny.py"]
 rules = ["testrules"]
-select = ["NT"]
-per-module-ignores = {"layers.*" = ["NT001"], "final" = ["norm-type"], "emb" = ["NT"]}
+select = ["NZ"]
+per-module-ignores = {"layers.*" = ["NZ001"], "final" = ["norm-type"], "emb" = ["NZ"]}
 """)
     rc, out, _ = run(capsys, "--format", "json")
     doc = json.loads(out)
     assert rc == 0 and doc["findings"] == []
     assert "suppressed 3 finding(s): 3 by per-module-ignores" in doc["notes"]
-    (project / "normaudit.toml").write_text('targets = ["tiny.py"]\nrules = ["testrules"]\nselect = ["NT"]\n'
-                                            'per-module-ignores = {"layers.1.*" = ["NT001"]}\n')
+    (project / "normaudit.toml").write_text('targets = ["tiny.py"]\nrules = ["testrules"]\nselect = ["NZ"]\n'
+                                            'per-module-ignores = {"layers.1.*" = ["NZ001"]}\n')
     doc = json.loads(run(capsys, "--format", "json")[1])
     assert sorted(f["module"] for f in doc["findings"]) == ["final", "layers.0.norm"]
 
@@ -210,4 +210,4 @@ def test_no_target_and_no_settings_is_a_usage_error(capsys, tmp_path, monkeypatc
 def test_rules_command_reads_rules_from_settings(capsys, project):
     (project / "normaudit.toml").write_text('rules = ["testrules"]\n')
     rc, out, _ = run(capsys, "rules")
-    assert rc == 0 and "NT001  test-layernorm" in out and "NK901" in out
+    assert rc == 0 and "NZ001  test-layernorm" in out and "NK901" in out

@@ -23,7 +23,7 @@ def run(capsys, *argv) -> tuple[int, str, str]:
 
 
 def audit(capsys, model: Path, *extra) -> tuple[int, dict]:
-    rc, out, err = run(capsys, model, "--format", "json", "--select", "NT,NK", *RULES, *extra)
+    rc, out, err = run(capsys, model, "--format", "json", "--select", "NZ,NK", *RULES, *extra)
     assert rc in (0, 1), err
     return rc, json.loads(out)
 
@@ -73,10 +73,10 @@ def test_a_comment_covers_its_line_and_a_multi_line_call_it_closes_and_strings_d
 # ----------------------------------------------------------------------------------------- suppressions
 def test_suppression_by_id_list_and_bare(capsys, model):
     rc, doc = audit(capsys, model)
-    assert found(doc) == [("NT001", "layers.0.norm"), ("NT001", "layers.1.norm"), ("NT002", "final")]
-    edit(model, LN, LN + "  # normaudit: ignore[NT001]")
+    assert found(doc) == [("NZ001", "layers.0.norm"), ("NZ001", "layers.1.norm"), ("NZ002", "final")]
+    edit(model, LN, LN + "  # normaudit: ignore[NZ001]")
     rc, doc = audit(capsys, model)
-    assert found(doc) == [("NT002", "final")]
+    assert found(doc) == [("NZ002", "final")]
     assert "suppressed 2 finding(s): 2 by '# normaudit: ignore' comments" in doc["notes"]
     assert doc["summary"]["errors"] == 0 and rc == 0
     edit(model, RMS, RMS + "  # normaudit: ignore")
@@ -86,14 +86,14 @@ def test_suppression_by_id_list_and_bare(capsys, model):
 
 def test_suppression_by_rule_name_and_several_ids(capsys, model):
     edit(model, LN, LN + "  # normaudit: ignore[test-layernorm]")
-    edit(model, RMS, RMS + "  # normaudit: ignore[NT001, NT002]")
+    edit(model, RMS, RMS + "  # normaudit: ignore[NZ001, NZ002]")
     rc, doc = audit(capsys, model)
-    # NT001 in the second comment matched nothing: reported, pointing at that comment
+    # NZ001 in the second comment matched nothing: reported, pointing at that comment
     assert found(doc) == [("NK901", "final")]
     (unused,) = doc["findings"]
     assert unused["severity"] == "info" and unused["source"]["line"] == 24
-    assert unused["message"] == "unused suppression '# normaudit: ignore[NT001, NT002]': NT001 matched no finding"
-    assert unused["fix"] == "remove NT001 from the comment"
+    assert unused["message"] == "unused suppression '# normaudit: ignore[NZ001, NZ002]': NZ001 matched no finding"
+    assert unused["fix"] == "remove NZ001 from the comment"
 
 
 def test_suppression_on_the_construction_line_of_a_hand_written_norm(capsys, tmp_path):
@@ -112,7 +112,7 @@ def test_suppression_on_the_construction_line_of_a_hand_written_norm(capsys, tmp
                     "    def __init__(self):\n"
                     "        super().__init__()\n"
                     "        self.fc = nn.Linear(8, 8)\n"
-                    "        self.a = MyRMSNorm(8)  # normaudit: ignore[NT002]\n"
+                    "        self.a = MyRMSNorm(8)  # normaudit: ignore[NZ002]\n"
                     "        self.b = MyRMSNorm(8)\n\n"
                     "    def forward(self, x):\n"
                     "        return self.b(self.a(self.fc(x)))\n\n\n"
@@ -120,23 +120,23 @@ def test_suppression_on_the_construction_line_of_a_hand_written_norm(capsys, tmp
                     "def example_inputs():\n    return (torch.randn(2, 8),)\n")
     rc, doc = audit(capsys, path)
     assert sorted((s["module"], s["kind"]) for s in doc["sites"]) == [("a", "RMSNorm"), ("b", "RMSNorm")]
-    assert found(doc) == [("NT002", "b")]
+    assert found(doc) == [("NZ002", "b")]
 
 
 def test_unused_and_unknown_suppressions_are_info_findings(capsys, model):
-    edit(model, RMS, RMS + "  # normaudit: ignore[NT001, NX999]")
+    edit(model, RMS, RMS + "  # normaudit: ignore[NZ001, NX999]")
     edit(model, "        self.emb = nn.Embedding(50, d)", "        self.emb = nn.Embedding(50, d)  # normaudit: ignore")
     rc, doc = audit(capsys, model)
     unused = {f["source"]["line"]: f for f in doc["findings"] if f["rule_id"] == "NK901"}
     assert set(unused) == {22, 24}
     assert unused[22]["message"] == "'# normaudit: ignore' suppresses no finding"
     assert unused[22]["fix"] == "remove the comment" and unused[22]["module"] == ""
-    assert unused[24]["message"] == ("unused suppression '# normaudit: ignore[NT001, NX999]': NT001 matched no finding; "
+    assert unused[24]["message"] == ("unused suppression '# normaudit: ignore[NZ001, NX999]': NZ001 matched no finding; "
                                      "NX999 is not a rule")
     # a rule left out of the run is not reported as unused; an unknown id still is
-    rc, doc = audit(capsys, model, "--select", "NT002,NK")
+    rc, doc = audit(capsys, model, "--select", "NZ002,NK")
     assert [f["message"] for f in doc["findings"] if f["rule_id"] == "NK901" and f["source"]["line"] == 24] == [
-        "unused suppression '# normaudit: ignore[NT001, NX999]': NX999 is not a rule"]
+        "unused suppression '# normaudit: ignore[NZ001, NX999]': NX999 is not a rule"]
     # NK901 can itself be ignored
     rc, doc = audit(capsys, model, "--ignore", "NK901")
     assert not [f for f in doc["findings"] if f["rule_id"] == "NK901"]
@@ -145,13 +145,13 @@ def test_unused_and_unknown_suppressions_are_info_findings(capsys, model):
 # -------------------------------------------------------------------------------------------- baselines
 def test_baseline_round_trip(capsys, model, tmp_path):
     baseline = tmp_path / "normaudit-baseline.json"
-    rc, out, err = run(capsys, model, "--select", "NT", *RULES, "--write-baseline", baseline)
+    rc, out, err = run(capsys, model, "--select", "NZ", *RULES, "--write-baseline", baseline)
     assert rc == 0 and "wrote 3 finding(s) to the baseline" in err
     data = json.loads(baseline.read_text())
     assert data["findings"] == [
-        {"target": "tiny.py", "rule_id": "NT001", "module": "layers.0.norm", "count": 1},
-        {"target": "tiny.py", "rule_id": "NT001", "module": "layers.1.norm", "count": 1},
-        {"target": "tiny.py", "rule_id": "NT002", "module": "final", "count": 1}]
+        {"target": "tiny.py", "rule_id": "NZ001", "module": "layers.0.norm", "count": 1},
+        {"target": "tiny.py", "rule_id": "NZ001", "module": "layers.1.norm", "count": 1},
+        {"target": "tiny.py", "rule_id": "NZ002", "module": "final", "count": 1}]
     assert set(data) == {"tool", "baseline_version", "findings"}  # no line numbers, no messages
 
     rc, doc = audit(capsys, model, "--baseline", baseline)
@@ -165,7 +165,7 @@ def test_baseline_round_trip(capsys, model, tmp_path):
     # a new fault: a third block -> only its finding is reported, exit 1
     edit(model, "def __init__(self, d=8, n=2):", "def __init__(self, d=8, n=3):")
     rc, doc = audit(capsys, model, "--baseline", baseline)
-    assert rc == 1 and found(doc) == [("NT001", "layers.2.norm")]
+    assert rc == 1 and found(doc) == [("NZ001", "layers.2.norm")]
     assert doc["summary"]["errors"] == 1 and doc["summary"]["warnings"] == 0
 
     # a fixed fault: the stale entry is noted
@@ -175,8 +175,8 @@ def test_baseline_round_trip(capsys, model, tmp_path):
 
 
 def test_baseline_from_settings_and_from_another_directory(capsys, model, tmp_path, monkeypatch):
-    rc, _, _ = run(capsys, model, "--select", "NT", *RULES, "--write-baseline", tmp_path / "base.json")
-    (tmp_path / "normaudit.toml").write_text('targets = ["tiny.py"]\nbaseline = "base.json"\nselect = ["NT"]\n'
+    rc, _, _ = run(capsys, model, "--select", "NZ", *RULES, "--write-baseline", tmp_path / "base.json")
+    (tmp_path / "normaudit.toml").write_text('targets = ["tiny.py"]\nbaseline = "base.json"\nselect = ["NZ"]\n'
                                              f'rules = ["{FIXTURES / "rules"}"]\n')
     (tmp_path / "sub").mkdir()
     monkeypatch.chdir(tmp_path / "sub")

@@ -52,20 +52,20 @@ def test_findings_raise_assertion_error_listing_them():
 
 def test_fail_on_select_ignore_and_rules():
     x = torch.randn(2, 5, 8)
-    kw = dict(rules=TEST_RULES, select=["NT"])
-    with pytest.raises(AssertionError, match="NT001 error layers.0.norm"):
+    kw = dict(rules=TEST_RULES, select=["NZ"])
+    with pytest.raises(AssertionError, match="NZ001 error layers.0.norm"):
         assert_norms_ok(Net(), x, **kw)
     report = assert_norms_ok(Net(), x, fail_on="never", **kw)
     assert sorted(f.module for f in report.findings) == ["layers.0.norm", "layers.1.norm"]
-    assert assert_norms_ok(Net(), x, ignore=["NT001"], **kw).findings == []
-    assert assert_norms_ok(Net(), x, per_module_ignores={"layers.*": ["NT001"]}, **kw).findings == []
+    assert assert_norms_ok(Net(), x, ignore=["NZ001"], **kw).findings == []
+    assert assert_norms_ok(Net(), x, per_module_ignores={"layers.*": ["NZ001"]}, **kw).findings == []
 
 
 def test_inputs_are_inferred_and_the_model_is_left_alone():
     model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
     model.train()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    report = assert_norms_ok(model, rules=TEST_RULES, select=["NT"], fail_on="never")
+    report = assert_norms_ok(model, rules=TEST_RULES, select=["NZ"], fail_on="never")
     assert report.capture.inputs_assumed and [s.module for s in report.sites] == ["1"]
     assert model.training and all(p.device.type == "cpu" for p in model.parameters())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -75,7 +75,7 @@ class Pair(nn.Module):
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(8, 8)
-        self.a = nn.LayerNorm(8)  # normaudit: ignore[NT001]
+        self.a = nn.LayerNorm(8)  # normaudit: ignore[NZ001]
         self.b = nn.LayerNorm(8)
 
     def forward(self, x):
@@ -83,7 +83,7 @@ class Pair(nn.Module):
 
 
 def test_a_factory_gives_source_lines_and_honours_suppressions():
-    report = assert_norms_ok(Pair, torch.randn(2, 8), rules=TEST_RULES, select=["NT"], fail_on="never")
+    report = assert_norms_ok(Pair, torch.randn(2, 8), rules=TEST_RULES, select=["NZ"], fail_on="never")
     line_b = Pair.__init__.__code__.co_firstlineno + 4
     assert [(f.module, f.source.line, f.source.file) for f in report.findings] == [("b", line_b, __file__)]
     assert "suppressed 1 finding(s): 1 by '# normaudit: ignore' comments" in report.notes
