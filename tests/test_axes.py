@@ -225,6 +225,24 @@ def test_audio_input_and_declared_input_axes(my_rules):
     assert site(r, "0").normalized_axes == ["sequence"] and flagged(r, "NL101") == ["0"]
 
 
+def test_sequence_first_torch_layers(my_rules):
+    """torch.nn RNNs and Transformers default to batch_first=False: (seq, batch, feature) inputs."""
+    r = audit_model(nn.TransformerEncoderLayer(16, 2, 32), (torch.randn(6, 2, 16),), rules=my_rules)
+    assert [(s.module, s.input_axes, s.normalized_axes) for s in r.sites] == [
+        ("norm1", ["sequence", "batch", "feature"], ["feature"]), ("norm2", ["sequence", "batch", "feature"], ["feature"])]
+
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.bn = nn.LSTM(8, 16), nn.BatchNorm1d(16)
+
+        def forward(self, x):
+            return self.bn(self.rnn(x)[0][-1])               # the last step: (batch, hidden)
+
+    r = audit_model(Tagger(), (torch.randn(5, 3, 8),), rules=my_rules)
+    assert (site(r, "bn").input_axes, site(r, "bn").channel_axes) == (["batch", "feature"], ["feature"])
+
+
 def test_unknown_op_never_crashes_the_pass():
     class Odd(nn.Module):
         def __init__(self):

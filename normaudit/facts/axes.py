@@ -188,7 +188,9 @@ def input_labels(node: fx.Node, cap: Capture, declared: Optional[list[Label]] = 
     - floating rank 4 ``(batch, channel, height, width)``, rank 5 ``(batch, channel, depth, height, width)``
       (``(batch, sequence, channel, height, width)`` for inputs named like videos);
     - floating rank 3: ``(batch, channel, sequence)`` when a 1-D conv or a BatchNorm1d/InstanceNorm1d/
-      GroupNorm reads it first, ``(batch, sequence, feature)`` otherwise (and for ``inputs_embeds``);
+      GroupNorm reads it first; ``(sequence, batch, feature)`` when a torch.nn RNN or MultiheadAttention
+      with ``batch_first=False`` reads it first, or the model is a torch.nn Transformer built that way;
+      ``(batch, sequence, feature)`` otherwise (and for ``inputs_embeds``);
     - floating rank 2: ``(batch, sequence)`` for raw audio (``input_values``), ``(batch, feature)`` otherwise.
     """
     shp = shape(node)
@@ -219,6 +221,8 @@ def input_labels(node: fx.Node, cap: Capture, declared: Optional[list[Label]] = 
         first = _first_consumer_module(node, cap)
         if isinstance(first, (nn.Conv1d, nn.ConvTranspose1d, nn.BatchNorm1d, nn.InstanceNorm1d, nn.GroupNorm)):
             return [("batch",), ("channel",), ("sequence",)]
+        if _sequence_first(first, cap.root):
+            return [("sequence",), ("batch",), ("feature",)]
         if first is None and any(k in name for k in ("feature", "mel", "spectrogram")):
             return [("batch",), ("channel",), ("sequence",)]
         return [("batch",), ("sequence",), ("feature",)]
@@ -231,6 +235,22 @@ def input_labels(node: fx.Node, cap: Capture, declared: Optional[list[Label]] = 
     if rank == 1:
         return [("feature",)]
     return [UNK] * rank
+
+
+_TORCH_TRANSFORMERS = (nn.Transformer, nn.TransformerEncoder, nn.TransformerDecoder, nn.TransformerEncoderLayer,
+                       nn.TransformerDecoderLayer)
+
+
+def _sequence_first(first: Optional[nn.Module], root: Optional[nn.Module]) -> bool:
+    """True when a (seq, batch, feature) layout is what reads the input: a torch.nn RNN/LSTM/GRU or
+    MultiheadAttention with ``batch_first=False`` as the first layer, or a torch.nn Transformer model built
+    with ``batch_first=False`` (their default)."""
+    if isinstance(first, (nn.RNNBase, nn.MultiheadAttention)):
+        return not first.batch_first
+    if isinstance(root, _TORCH_TRANSFORMERS):
+        mha = next((m for m in root.modules() if isinstance(m, nn.MultiheadAttention)), None)
+        return mha is not None and not mha.batch_first
+    return False
 
 
 def _input_dims(node: fx.Node, cap: Capture, declared: Optional[list[Label]]) -> list[Dim]:
