@@ -184,3 +184,32 @@ def test_minilm_directory_model_with_its_weights():
     assert not any("were not read" in n for n in report.notes)
     text = render_text(report)
     assert "norm parameters in the checkpoint" in text and "encoder.layer.5.output.LayerNorm" in text
+
+
+class _Mixer(nn.Module):
+    """A block calling F.layer_norm with its own oddly named parameters."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.ln_w = nn.Parameter(torch.ones(d))
+        self.ln_b = nn.Parameter(torch.zeros(d))
+        self.temperature = nn.Parameter(torch.ones(1))
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.fc(torch.nn.functional.layer_norm(x, (8,), self.ln_w, self.ln_b)) * self.temperature
+
+
+def test_functional_norm_inside_a_block(ckpt_rules, tmp_path):
+    """The site's keys are the block's 1-D parameters of the normalised size, roles read from the graph; keys the
+    block does not have are not blamed on the norm, which is not the whole module."""
+    model = nn.Sequential(_Mixer())
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    sd["0.ln_w"] = torch.full((8,), 0.5)
+    sd["0.scale"] = torch.ones(8)  # unknown to the model, but not the norm's
+    path = tmp_path / "mixer.safetensors"
+    save_file(sd, str(path))
+    report = audit_model(model, (torch.randn(2, 3, 8),), rules=ckpt_rules, checkpoint=str(path))
+    w = site(report, "0").weights
+    assert (w.keys, w.gain_mean, w.bias_present, w.unexpected, w.missing) == (["0.ln_w", "0.ln_b"], 0.5, True, [], [])
+    assert report.findings == []

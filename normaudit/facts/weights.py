@@ -20,10 +20,12 @@ checkpoint tensor of the site) carries:
 transformers renames ``LayerNorm.gamma``/``LayerNorm.beta`` to ``weight``/``bias`` when it loads (its "legacy"
 conversion), so for a transformers model those count as matched.
 
-The gain form fallback: built-in modules scale by ``weight`` (``none`` without affine parameters); for other
-sites the graph is read: a parameter reaching the output multiply directly is ``weight``, through ``1 + p``
-``one_plus_weight`` (Gemma). ``site.formula.gain``, when the formula pass set it, wins; rules read
-``site.formula.gain`` first.
+Which parameter is the gain and which the bias (for the statistics, whatever the names: ``a_2``/``b_2``)
+comes from the graph: the weight/bias argument of a functional norm call, else the first arithmetic use of the
+parameter (``* p`` gain, ``+ p`` bias); names decide only where the graph shows no use. The same reading gives
+the gain form fallback: a parameter reaching the output multiply directly is ``weight``, through ``1 + p``
+``one_plus_weight`` (Gemma); built-in modules scale by ``weight`` (``none`` without affine parameters).
+``site.formula.gain``, when the formula pass set it, wins; rules read ``site.formula.gain`` first.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from typing import Any, Optional
 
 from torch import fx, nn
 
-from normaudit.capture.ir import NEUTRAL_OPS, op_name, scalar_operand
+from normaudit.capture.ir import NEUTRAL_OPS, NORM_OPS, arg, op_name, scalar_operand
 from normaudit.report import WeightStats
 
 __all__ = ["GAIN_LEAVES", "BIAS_LEAVES", "param_roles", "site_param_names", "analyse"]
@@ -66,6 +68,12 @@ def site_param_names(site: Any, mod: Optional[nn.Module]) -> list[str]:
     return [n for n, t in items if t.dim() == 1 and (size is None or t.numel() == size)]
 
 
+class _AllParams:
+    """A stand-in site for :func:`site_param_names`: every own parameter and persistent buffer of a module."""
+
+    detected_by = "module"
+
+
 class _ParamIndex:
     """The graph nodes that read each parameter: ``get_attr`` nodes by target (symbolic tracing); placeholders
     by name (torch.export names them ``p_``/``b_`` + the flattened path, ``m_`` first under normaudit's wrapper)."""
@@ -87,14 +95,36 @@ class _ParamIndex:
         return [n for k in keys for n in self.by_key.get(k, [])]
 
 
+def _norm_op_role(user: fx.Node, value: fx.Node) -> Optional[str]:
+    """``gain``/``bias`` when ``value`` is the weight/bias argument of a functional norm call ``user``."""
+    name = op_name(user)
+    aten = hasattr(user.target, "_overloadpacket")
+    if name in ("layer_norm", "rms_norm", "group_norm"):
+        idx = (2, 3)
+    elif name in ("batch_norm", "instance_norm"):
+        idx = (1, 2) if aten else (3, 4)
+    else:
+        return None
+    if arg(user, idx[0], "weight") is value:
+        return "gain"
+    if name != "rms_norm" and arg(user, idx[1], "bias") is value:
+        return "bias"
+    return None
+
+
 def _role(node: fx.Node) -> tuple[Optional[str], Optional[str]]:
-    """(``gain``/``bias``/None, gain form) of a parameter node, from its first arithmetic use."""
+    """(``gain``/``bias``/None, gain form) of a parameter node: the weight/bias argument of a functional norm, or
+    its first arithmetic use (``* p`` gain, ``* (1 + p)`` gain of the (1 + weight) form, ``+ p`` bias)."""
     frontier, plus_one = [node], False
     for _ in range(8):
         nxt = []
         for n in frontier:
             for user in n.users:
                 name = op_name(user)
+                if name in NORM_OPS and not plus_one:
+                    role = _norm_op_role(user, n)
+                    if role:
+                        return role, "weight" if role == "gain" else None
                 if name in _PATH_OPS:
                     nxt.append(user)
                 elif name == "add" and scalar_operand(user) == 1.0 and not plus_one:
@@ -174,14 +204,17 @@ def analyse(ctx: Any, records: list) -> list[str]:
     root = cap.root
     library = type(getattr(root, "config", None)).__module__.split(".")[0] == "transformers"
     model_keys = list(root.state_dict().keys())
-    phantoms = []
-    seen_modules: set[str] = set()
+    # Names the site lacks are asked of the checkpoint only for a module that is the norm itself (all its own
+    # parameters belong to the site): under a block calling F.layer_norm, an extra key is not the norm's.
+    real = set(model_keys)
+    probed: set[str] = set()
     for site, names, _ in per_site:
-        if site.module in seen_modules:
-            continue
-        seen_modules.add(site.module)
-        phantoms += [_fqn(site.module, lf) for lf in PROBE_LEAVES if lf not in names]
-    mapping, prefix_note = ckpt.align_keys(model_keys, optional=phantoms)
+        mod = modules.get(site.module)
+        own = site_param_names(_AllParams, mod) if mod is not None else []
+        if mod is not None and sorted(own) == sorted(names):
+            probed |= {_fqn(site.module, lf) for lf in PROBE_LEAVES} - real
+    mapping, prefix_note = ckpt.align_keys(model_keys, optional=sorted(probed))
+    mapping = {k: v for k, v in mapping.items() if k in real or k in probed}
     notes = []
     hits = sum(k in mapping for k in model_keys)
     if prefix_note:
@@ -190,19 +223,19 @@ def analyse(ctx: Any, records: list) -> list[str]:
         notes.append(f"only {hits} of the model's {len(model_keys)} state_dict keys were found in the checkpoint "
                      f"{ckpt.weights_path}: is it the checkpoint of this model?")
     for site, names, roles in per_site:
-        ws = _site_weights(ckpt, site, names, roles, mapping, library)
+        ws = _site_weights(ckpt, site, names, roles, mapping, library, real)
         if ws is not None:
             site.weights = ws
     return notes
 
 
 def _site_weights(ckpt, site, names: list[str], roles: dict[str, str], mapping: dict[str, str],
-                  library: bool) -> Optional[WeightStats]:
+                  library: bool, real: set[str]) -> Optional[WeightStats]:
     if not names and not any(_fqn(site.module, lf) in mapping for lf in PROBE_LEAVES):
         return None
     matched = {n: mapping[_fqn(site.module, n)] for n in names if _fqn(site.module, n) in mapping}
     extra = {lf: mapping[_fqn(site.module, lf)] for lf in PROBE_LEAVES
-             if lf not in names and _fqn(site.module, lf) in mapping}
+             if lf not in names and _fqn(site.module, lf) in mapping and _fqn(site.module, lf) not in real}
     missing = [n for n in names if n not in matched and n != "num_batches_tracked"]
     renamed: dict[str, str] = {}
     for n in list(missing):
