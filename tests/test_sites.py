@@ -184,3 +184,19 @@ def test_symbolic_trace_and_export_agree_on_reference_cases(rules):
             per_method.append([(r.site.module, r.site.kind, r.site.eps, r.site.normalized_axes, r.site.reduced_dims)
                                for r in records])
         assert per_method[0] == per_method[1], name
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_functional_normalized_shape_from_input_size(method):
+    class SizeFromInput(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = self.fc(x)
+            return F.layer_norm(h, (h.shape[-1],))
+
+    _, records = _facts(SizeFromInput(), (torch.randn(2, 3, 8),), (method,))
+    assert [(r.site.kind, r.site.normalized_shape, r.site.reduced_dims, r.site.normalized_axes) for r in records] == [
+        ("LayerNorm", [8], [2], ["feature"])]

@@ -119,17 +119,36 @@ def reduced_dims_for(kind: str, rank: int, normalized_len: int = 1) -> list[int]
     return []
 
 
+def _normalized_shape(node: fx.Node) -> Optional[list[int]]:
+    """``normalized_shape`` of a functional layer_norm/rms_norm call. Entries computed from the input's
+    size (``(x.shape[-1],)``: fx nodes under symbolic tracing) are read from the input's shape instead."""
+    ns = arg(node, 1, "normalized_shape")
+    if ns is None:
+        return None
+    if isinstance(ns, (int, fx.Node)):
+        ns = [ns]
+    ns = list(ns)
+    in_shape = shape(node.args[0]) if node.args else None
+    out: list[int] = []
+    for k, dim in enumerate(ns):
+        if isinstance(dim, int):
+            out.append(int(dim))
+        elif in_shape is not None and len(in_shape) >= len(ns):
+            out.append(in_shape[len(in_shape) - len(ns) + k])
+        else:
+            return None
+    return out
+
+
 def _functional_facts(site: Site, node: fx.Node, name: str) -> None:
     """Fill facts from a functional norm call's arguments (aten schema or torch.nn.functional signature)."""
     aten = _is_aten(node)
     if name == "layer_norm":
-        ns = arg(node, 1, "normalized_shape")
-        site.normalized_shape = [int(s) for s in ns] if ns is not None else None
+        site.normalized_shape = _normalized_shape(node)
         w, b = arg(node, 2, "weight"), arg(node, 3, "bias")
         eps = arg(node, 4, "eps", 1e-5)
     elif name == "rms_norm":
-        ns = arg(node, 1, "normalized_shape")
-        site.normalized_shape = [int(s) for s in ns] if ns is not None else None
+        site.normalized_shape = _normalized_shape(node)
         w, b = arg(node, 2, "weight"), None
         eps = arg(node, 3, "eps", None)
     elif name == "group_norm":
