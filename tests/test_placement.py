@@ -19,10 +19,13 @@ from torch import nn
 
 from conftest import audit_file, audit_model, site
 from normaudit.capture import capture_model
+from normaudit.engine.evaluator import evaluate
 from normaudit.engine.loader import builtin_rules_dir, load_rule_file
 from normaudit.facts.placement import analyse
 from normaudit.facts.sites import discover_sites
 from normaudit.report import ModelFacts
+from normaudit.target.config import model_config
+from normaudit.target.inputs import infer_inputs
 
 FIXTURES = Path(__file__).parent / "fixtures" / "placement"
 RANK = {"info": 0, "warning": 1, "error": 2}
@@ -103,16 +106,36 @@ def _placements(model, inputs, method):
     records = discover_sites(cap)
     facts = ModelFacts(class_name=type(model).__name__)
     analyse(cap, records, facts)
+    keys = ("skip_from_norm", "reads_norm", "feeds_norm", "majority_placement", "branch_position")
     roles = [(r.site.module, r.site.call_index, r.site.placement, r.site.block,
-              sorted(k for k in r.site.extra if k in ("skip_from_norm", "reads_norm", "feeds_norm", "majority_placement")))
-             for r in records]
+              sorted((k, str(v)) for k, v in r.site.extra.items() if k in keys)) for r in records]
     return roles, facts.model_dump(exclude={"class_name", "num_parameters"})
 
 
-@pytest.mark.parametrize("name", ["NP101_3", "NP102_1", "NP103_1", "NP104_1"])
+def _light_audit(model, inputs=None, rules=None, on_meta=False):
+    """capture -> sites -> placement -> placement rules, without the other fact passes (their probes re-run
+    models; the fixtures above and shared/cases cover the full pipeline). Returns a Report-like namespace."""
+    from types import SimpleNamespace
+
+    if inputs is None:
+        inputs, _ = infer_inputs(model)
+    config = model_config(model) or {}
+    cap = capture_model(model, inputs, on_meta=on_meta)
+    assert cap.gm is not None, cap.attempts
+    records = discover_sites(cap)
+    facts = ModelFacts(class_name=type(model).__name__)
+    analyse(cap, records, facts)
+    sites = [r.site for r in records]
+    findings = evaluate(list(rules.values()), sites, facts, config, "the model's own config", {})
+    return SimpleNamespace(sites=sites, model=facts, findings=findings,
+                           capture=SimpleNamespace(method=cap.method, complete=True))
+
+
+@pytest.mark.parametrize("name", ["NP101_2", "NP101_3", "NP102_1", "NP103_1", "NP104_1"])
 def test_symbolic_trace_and_export_agree(name):
-    """Pre-LN with parallel residuals, skip-from-norm with a hand-written RMS norm, post-LN with a double
-    norm, and mixed blocks: the same placements, blocks and model facts from both capture methods."""
+    """Pre-LN with dropout modules on the stream, parallel residuals, skip-from-norm with a hand-written RMS
+    norm, post-LN with a double norm, and mixed blocks: the same placements, blocks and model facts from both
+    capture methods."""
     module = _load(FIXTURES / f"{name}.py")
     torch.manual_seed(0)
     traced = _placements(module.build_model(), module.example_inputs(), "symbolic_trace")
@@ -127,7 +150,7 @@ def test_torch_transformer_encoder_layer(norm_first, placement, placement_rules)
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True, norm_first=norm_first)
     inputs = (torch.randn(2, 5, 16),)
-    report = audit_model(layer, inputs, rules=placement_rules)
+    report = _light_audit(layer, inputs, rules=placement_rules)
     # torch.nn.TransformerEncoderLayer's forward calls F._canonical_mask, which symbolic tracing cannot
     # run on proxies: export captures it. Where symbolic tracing works the answers must agree.
     assert report.capture.method == "export"
@@ -138,7 +161,7 @@ def test_torch_transformer_encoder_layer(norm_first, placement, placement_rules)
         assert traced == _placements(layer, inputs, "export")
 
     stack = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
-    report = audit_model(stack, inputs, rules=placement_rules)
+    report = _light_audit(stack, inputs, rules=placement_rules)
     assert [(b.path, b.norms) for b in report.model.blocks] == [
         (f"layers.{i}", {f"layers.{i}.norm1": placement, f"layers.{i}.norm2": placement}) for i in range(2)]
     # pre-LN layers without TransformerEncoder(norm=...): the stream reaches the output un-normalised
@@ -149,7 +172,7 @@ def test_torch_transformer_defaults_are_post_ln_with_double_final_norms(placemen
     torch.manual_seed(0)
     model = nn.Transformer(d_model=16, nhead=2, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=32,
                            batch_first=True)
-    report = audit_model(model, (torch.randn(2, 5, 16), torch.randn(2, 4, 16)), rules=placement_rules)
+    report = _light_audit(model, (torch.randn(2, 5, 16), torch.randn(2, 4, 16)), rules=placement_rules)
     expected = {f"encoder.layers.{i}.norm{j}": "post" for i in range(2) for j in (1, 2)}
     expected.update({f"decoder.layers.{i}.norm{j}": "post" for i in range(2) for j in (1, 2, 3)})
     expected.update({"encoder.norm": "final", "decoder.norm": "final"})
@@ -175,9 +198,9 @@ def _hf(config_name, model_name, **kw):
         return getattr(transformers, model_name)(cfg)
 
 
-def _hf_report(model, rules):
-    report = audit_model(model, rules=rules, on_meta=True)
-    assert report.capture.complete
+def _hf_report(model, rules, full=False):
+    report = (audit_model if full else _light_audit)(model, rules=rules, on_meta=True)
+    assert report.capture.complete and report.capture.method == "export"
     return report
 
 
@@ -198,7 +221,7 @@ def test_bert_is_post_ln(placement_rules):
 def test_gpt2_is_pre_ln_with_final_norm(placement_rules):
     model = _hf("GPT2Config", "GPT2Model", n_embd=32, n_layer=2, n_head=4, vocab_size=100, bos_token_id=0,
                 eos_token_id=0)
-    report = _hf_report(model, placement_rules)
+    report = _hf_report(model, placement_rules, full=True)  # once through the whole pipeline
     assert {s.module: s.placement for s in report.sites} == {
         "h.0.ln_1": "pre", "h.0.ln_2": "pre", "h.1.ln_1": "pre", "h.1.ln_2": "pre", "ln_f": "final"}
     assert report.model.placement == "pre" and report.model.has_final_norm is True
@@ -213,7 +236,8 @@ def test_llama_is_pre_ln_with_final_norm(placement_rules):
     expected["norm"] = "final"
     assert {s.module: s.placement for s in report.sites} == expected
     assert report.model.placement == "pre" and report.model.has_final_norm is True
-    assert report.model.blocks[1].norms == {"layers.1.input_layernorm": "pre", "layers.1.post_attention_layernorm": "pre"}
+    assert report.model.blocks[1].norms == {"layers.1.input_layernorm": "pre",
+                                            "layers.1.post_attention_layernorm": "pre"}
     assert report.findings == []
 
 
@@ -243,3 +267,12 @@ def test_vit_is_pre_ln_with_final_norm(placement_rules):
     assert {s.module: s.placement for s in report.sites} == expected
     assert report.model.placement == "pre" and report.model.has_final_norm is True
     assert report.findings == []
+
+
+def test_module_docstring_example_runs():
+    import doctest
+
+    import normaudit.facts.placement as placement
+
+    result = doctest.testmod(placement, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0

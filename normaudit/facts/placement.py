@@ -22,26 +22,34 @@ placeholders, ``nn_module_stack`` on every node) give the same answer.
    branch is a sum of weighted terms that read the same stream value, or when it reads an earlier stream
    value than its skip.
 2. **Site placement** (``Site.placement``), in this order:
+   ``none`` for every norm of a model without residual adds;
    ``qk``: the norm's output reaches attention scores (``scaled_dot_product_attention`` or an
    activation-activation ``matmul``) without any weighted op in between;
    ``sandwich``: the norm lies inside a residual branch and its output *is* the branch (up to casts,
-   dropout, views, layer-scale); ``pre``: inside a residual branch otherwise (``branch_position``
-   ``input`` when it reads the skip value itself, ``inner`` when deeper, e.g. ConvNeXt);
-   for a norm on the stream: ``post`` when further residual adds read its output as their skip and it
-   is inside a repeated block (or reads a residual add), ``embedding`` before the first residual add
-   outside any block; after the last residual add, ``post`` when it reads that add directly and that
-   add's branch has no norm of its own (``LayerNorm(x + f(x))``), ``final`` otherwise;
-   ``none`` when no residual add is around it (or the model has none).
-3. **Model facts**: ``placement`` from the block norms' roles (``pre``, ``post``, ``sandwich``, ``mixed``,
-   ``none``, ``unknown``), ``parallel_residual``, ``has_final_norm``, ``num_residual_adds``, ``blocks``
-   (the innermost numbered child of a container of same-class modules that owns a residual add or a norm).
+   dropout, views, drop-path, layer-scale); ``pre``: inside a residual branch otherwise
+   (``branch_position`` ``input`` when it reads the stream value the branch reads, ``inner`` when deeper,
+   e.g. ConvNeXt, ResNet);
+   a norm on the stream whose output is the skip of the next residual add: ``post`` inside a repeated
+   block or after a residual add, ``embedding`` before the first residual add outside any block;
+   ``embedding`` when its output reaches later residual adds only through a projection (patch
+   embedding, Swin patch merging);
+   after the last residual add: ``post`` when it reads that add directly and no norm sits in that add's
+   branch (``LayerNorm(x + f(x))``), ``final`` otherwise; ``none`` when no residual add is around it.
+3. **Model facts**: ``placement`` from the roles of the block norms (``pre``; ``post``; ``sandwich`` when
+   branch-output norms appear without post norms; ``mixed`` for pre with post, or when blocks of one class
+   disagree; ``none`` without residual adds; ``unknown``), ``parallel_residual``, ``has_final_norm``
+   (every stack's last residual add reaches a norm and one of them is ``final``), ``num_residual_adds`` and
+   ``blocks``: the innermost numbered child of a ModuleList/Sequential of same-class modules that owns a
+   residual add and a weighted op of its branch (``layers.0``, ``encoder.block.1``), with each norm's role.
 
-Per-site facts in ``Site.extra`` (present only when they apply): ``skip_from_norm`` (the norm's output is
-the skip of a residual add of its own block although the norm does not close a sublayer of that block:
-``x = norm(x); x = x + f(x)``), ``feeds_norm`` / ``reads_norm`` (the module of a norm directly after /
-before this one with nothing in between), ``branch_position``, ``majority_placement`` and
-``majority_blocks`` (this norm's role differs from the same norm in most blocks of the same class).
-Residual adds are marked in ``node.meta["normaudit"]["residual"]``.
+Per-site facts in ``Site.extra`` (present only when they apply): ``branch_position``; ``skip_from_norm``
+(the norm's output is the skip of a residual add of its own block although the norm does not close a
+sublayer of that block: ``x = norm(x); x = x + f(x)``); ``feeds_norm`` / ``reads_norm`` (the module of a
+norm that is the only consumer of / the only input to this one, with nothing but casts and views
+between); ``majority_placement`` and ``majority_blocks`` (the role of the same norm in most blocks of
+the same class, when this one differs); ``unnormed_stream_end`` on the norms in the branch of a stack's
+last residual add when that add reaches the output without a norm (the module it reaches, or
+``output``). Residual adds are marked in ``node.meta["normaudit"]["residual"]``.
 
 Example::
 
@@ -61,13 +69,13 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 import torch
 from torch import fx, nn
 
 from normaudit.capture import Capture
-from normaudit.capture.ir import NEUTRAL_OPS, op_name, owner, shape, tensor_inputs
+from normaudit.capture.ir import NEUTRAL_OPS, dtype, op_name, owner, shape, tensor_inputs
 from normaudit.facts.sites import SiteRecord, builtin_kind
 from normaudit.report import Block, ModelFacts
 
@@ -80,6 +88,9 @@ POOL_OPS = ("avg_pool1d", "avg_pool2d", "avg_pool3d", "max_pool1d", "max_pool2d"
 #: ops that compute attention scores from two activations
 SCORE_OPS = ("sdpa", "matmul", "einsum", "baddbmm")
 CONTAINERS = (nn.ModuleList, nn.Sequential)
+#: parameter-free modules that pass the stream through unchanged (in eval mode, or up to scaling)
+NEUTRAL_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout,
+                   nn.Identity)
 BLOCK_ROLES = ("pre", "post", "sandwich")
 
 
@@ -176,6 +187,13 @@ class _Graph:
                 if any(a in self.pderived for a in self.inputs[n]):
                     self.weighted_mask |= 1 << i
 
+    def strip(self, node: Any) -> Any:
+        return stream_strip(node, self.modules)
+
+    def is_alias(self, node: fx.Node) -> bool:
+        """``node`` passes its first input through unchanged (cast, clone, dropout, view, Identity)."""
+        return self.strip(node) is not node
+
     # -- helpers -------------------------------------------------------------------------------------------
     def _real_users(self, node: fx.Node) -> list[fx.Node]:
         return [u for u in node.users if "assert" not in op_name(u)]
@@ -241,13 +259,18 @@ def _resolve_attr(root: nn.Module, target: str) -> Any:
     return obj
 
 
-def stream_strip(node: Any) -> Any:
-    """Follow casts, clones, dropout and views back to the value they carry (the stream seen through aliases)."""
+def stream_strip(node: Any, modules: Optional[dict[str, nn.Module]] = None) -> Any:
+    """Follow casts, clones, dropout and views back to the value they carry (the stream seen through
+    aliases). With ``modules``, parameter-free ``nn.Dropout``/``nn.Identity`` modules called as
+    ``call_module`` nodes (symbolic tracing) are looked through too, as export's dropout ops are."""
     for _ in range(32):
         if not isinstance(node, fx.Node) or not node.args or not isinstance(node.args[0], fx.Node):
             return node
         name = op_name(node)
         if name in NEUTRAL_OPS or name in VIEW_OPS or name == "type_as":
+            node = node.args[0]
+            continue
+        if name == "module" and modules is not None and isinstance(modules.get(str(node.target)), NEUTRAL_MODULES):
             node = node.args[0]
             continue
         return node
@@ -263,11 +286,11 @@ def _same_shapes(*nodes: fx.Node) -> bool:
 
 def _shortcut_source(g: _Graph, skip: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:
     """For a projection shortcut ``[norm](W(pool(x)))`` return ``(x, W)``; else None."""
-    node = stream_strip(skip)
+    node = g.strip(skip)
     if node in g.norm_nodes:  # a norm on the shortcut: look through it to its input
         for a in g.inputs[node]:
             if a not in g.pderived and a not in g.norm_nodes:
-                node = stream_strip(a)
+                node = g.strip(a)
                 break
         else:
             return None
@@ -275,15 +298,21 @@ def _shortcut_source(g: _Graph, skip: fx.Node) -> Optional[tuple[fx.Node, fx.Nod
             ins = [a for a in g.inputs[node] if a not in g.pderived]
             if not ins:
                 return None
-            node = stream_strip(ins[0])
+            node = g.strip(ins[0])
     if not g.is_weighted(node):
         return None
     acts = [a for a in g.inputs[node] if a not in g.pderived and a not in g.const]
     if len(acts) != 1:
         return None
-    src = stream_strip(acts[0])
+    if op_name(node) == "embedding" or isinstance(g.modules.get(str(node.target)) if node.op == "call_module" else None,
+                                                   nn.Embedding):
+        return None  # token + position embeddings are two lookups of the ids, not a shortcut
+    src = g.strip(acts[0])
     while isinstance(src, fx.Node) and op_name(src) in POOL_OPS and src.args and isinstance(src.args[0], fx.Node):
-        src = stream_strip(src.args[0])
+        src = g.strip(src.args[0])
+    dt = dtype(src)
+    if dt is not None and not dt.is_floating_point:
+        return None
     return src, node
 
 
@@ -293,7 +322,7 @@ def _terms(g: _Graph, branch: fx.Node, residual: dict[fx.Node, ResidualAdd]) -> 
     todo = [branch]
     while todo and len(out) < 16:
         n = todo.pop(0)
-        s = stream_strip(n)
+        s = g.strip(n)
         if isinstance(s, fx.Node) and op_name(s) == "add" and s not in residual:
             ins = g.inputs[s]
             if len(ins) == 2 and not any(a in g.pderived for a in ins):
@@ -304,7 +333,12 @@ def _terms(g: _Graph, branch: fx.Node, residual: dict[fx.Node, ResidualAdd]) -> 
 
 
 def find_residual_adds(g: _Graph) -> list[ResidualAdd]:
-    """Every residual add of the graph, in graph order (see the module docstring, step 1)."""
+    """Every residual add of the graph, in graph order (see the module docstring, step 1).
+
+    A residual connection is ``y = x + F(x)`` with a weighted residual function ``F`` (He et al. 2016,
+    arXiv 1512.03385, eq. 1; a projection ``W_s x`` on the shortcut when shapes change, eq. 2); the
+    Transformer wraps every sublayer in one (Vaswani et al. 2017, section 3.1).
+    """
     found: dict[fx.Node, ResidualAdd] = {}
     for n in g.nodes:
         if op_name(n) != "add" or n.op == "call_module" or n in g.norm_nodes:
@@ -318,14 +352,14 @@ def find_residual_adds(g: _Graph) -> list[ResidualAdd]:
         for skip, branch in ((ops[0], ops[1]), (ops[1], ops[0])):
             if skip in g.pderived or branch in g.pderived:
                 continue
-            src = stream_strip(skip)
+            src = g.strip(skip)
             chain, cur = [], src
             for _ in range(4):
                 chain.append(cur)
                 prev = found.get(cur)
                 if prev is None:
                     break
-                cur = stream_strip(prev.skip)
+                cur = g.strip(prev.skip)
             reads = next((c for c in chain if g.weighted_between(c, branch)), None)
             if reads is None:
                 continue
@@ -339,7 +373,7 @@ def find_residual_adds(g: _Graph) -> list[ResidualAdd]:
                     continue
                 src, proj = sc
                 if g.weighted_between(src, branch) and not g.anc_or_eq(proj, branch):
-                    best = ResidualAdd(node=n, skip=skip, skip_src=stream_strip(skip), branch=branch, reads=src,
+                    best = ResidualAdd(node=n, skip=skip, skip_src=g.strip(skip), branch=branch, reads=src,
                                        shortcut=proj)
                     break
         if best is None:
@@ -411,10 +445,9 @@ def _unwrap_branch(g: _Graph, node: fx.Node) -> list[fx.Node]:
     multiplies (the last one is what the branch really computes)."""
     seen: list[fx.Node] = []
     for _ in range(16):
-        while isinstance(node, fx.Node):
+        while isinstance(node, fx.Node):  # one alias at a time, recording each
             seen.append(node)
-            nxt = stream_strip(node) if node is not stream_strip(node) else None
-            if nxt is None:
+            if g.strip(node) is node:
                 break
             node = node.args[0]
         if not isinstance(node, fx.Node):
@@ -532,7 +565,7 @@ def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
 
     infos: list[_SiteInfo] = []
     for rec in records:
-        inp = stream_strip(rec.input) if isinstance(rec.input, fx.Node) else None
+        inp = g.strip(rec.input) if isinstance(rec.input, fx.Node) else None
         out = g.site_out.get(id(rec))
         info = _SiteInfo(rec=rec, inp=inp, out=out, block=_block_of(rec.site.module, candidates))
         rec.site.block = info.block
@@ -579,7 +612,7 @@ def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
         after_add = info.inp in residual or bool(g.anc[g.idx[info.inp]] & add_mask)
         ahead = _stream_reach(g, info.out, residual)
         mine = _own_nodes(g, info)
-        direct = [a for a in ahead if stream_strip(a.skip) in mine]
+        direct = [a for a in ahead if g.strip(a.skip) in mine]
         if direct:
             # its output is the skip of the next residual add: a norm on the stream
             info.placement = "post" if (info.block is not None or after_add) else "embedding"
@@ -628,7 +661,7 @@ def _double_norms(g: _Graph, infos: list[_SiteInfo]) -> None:
             if hit is not None:
                 target = hit
                 break
-            if len(users) != 1 or not (op_name(users[0]) in NEUTRAL_OPS or op_name(users[0]) in VIEW_OPS):
+            if len(users) != 1 or not g.is_alias(users[0]) or users[0].args[0] is not node:
                 break
             node = users[0]
         if target is not None:
@@ -711,7 +744,7 @@ def _consumer(g: _Graph, node: fx.Node) -> str:
             name = op_name(u)
             if u.op == "output":
                 return "output"
-            if name in NEUTRAL_OPS or name in VIEW_OPS or name in ("getitem", "type_as") or "assert" in name:
+            if g.is_alias(u) or name == "getitem" or "assert" in name:
                 todo.append(u)
                 continue
             path = owner(u, g.modules)
@@ -731,7 +764,7 @@ def _normed_later(g: _Graph, node: fx.Node, norm_inputs: set[fx.Node]) -> bool:
             return True
         for u in n.users:
             name = op_name(u)
-            if (name in NEUTRAL_OPS or name in VIEW_OPS or name in POOL_OPS or
+            if (g.is_alias(u) or name in POOL_OPS or
                     name in ("getitem", "select", "slice", "type_as", "mean", "amax", "adaptive_avg_pool1d", "cat")):
                 todo.append(u)
     return False
@@ -759,4 +792,5 @@ def _mark_mixed(blocks: list[Block], infos: list[_SiteInfo]) -> None:
                     info = by_key.get(list(b.norms)[pos])
                     if info is not None:
                         info.rec.site.extra["majority_placement"] = majority
-                        info.rec.site.extra["majority_blocks"] = [m.path for m, r in zip(members, roles) if r == majority]
+                        info.rec.site.extra["majority_blocks"] = [m.path for m, r in zip(members, roles)
+                                                                  if r == majority]
