@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from pathlib import Path
@@ -75,10 +76,36 @@ VARIANTS = {
 }
 
 
+class AllVariants(nn.Module):
+    """Every variant in one model (one audit per mode instead of one per variant), each under its own name."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(D, D)
+        for name, (cls, *_) in VARIANTS.items():
+            setattr(self, name, cls(D))
+
+    def forward(self, x):
+        x = self.proj(x)
+        for name in VARIANTS:
+            x = getattr(self, name)(x)
+        return x
+
+
+@functools.lru_cache(maxsize=None)
+def _variants_report(mode: str):
+    """The audit of :class:`AllVariants` in ``mode``: a dtype, or ``graph`` (float32, probe disabled)."""
+    with pytest.MonkeyPatch.context() as mp:
+        if mode == "graph":
+            mp.setattr(formula_pass, "MAX_PROBE_PARAMS", 0)
+        return audit_model(AllVariants(), (torch.randn(2, 5, D),), rules=NO_RULES,
+                           dtype="float32" if mode == "graph" else mode)
+
+
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_hand_written_formula_facts(name):
     cls, kind, facts, (stats16, eps16) = VARIANTS[name]
-    s = _formula(cls(D))
+    s = site(_variants_report("float32"), name)
     f = s.formula
     assert s.kind == kind
     assert {k: getattr(f, k) for k in facts} == facts
@@ -86,15 +113,17 @@ def test_hand_written_formula_facts(name):
     assert (f.confirmed, f.eps_matches, f.notes) == (True, True, [])  # graph and probe agree
     assert f.eps_measured == pytest.approx(s.eps, rel=1e-3)
     # the same facts from the graph alone
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(formula_pass, "MAX_PROBE_PARAMS", 0)
-        g = _formula(cls(D)).formula
+    g = site(_variants_report("graph"), name).formula
     assert g.confirmed is None and g.notes == ["not probed: module too large"]
     assert {k: getattr(g, k) for k in facts} == facts
     # float16: where the statistics and eps live, measured on the module too
-    h = _formula(cls(D), dtype="float16").formula
-    assert (h.stats_dtype, h.eps_dtype, h.upcast, h.confirmed, h.constant_row_finite) == (
-        stats16, eps16, facts["upcast"], True, True)
+    h = site(_variants_report("float16"), name).formula
+    assert (h.stats_dtype, h.eps_dtype, h.upcast, h.confirmed, h.constant_row_finite, h.notes) == (
+        stats16, eps16, facts["upcast"], True, True, [])
+    # bfloat16 cannot overflow, so it cannot show an upcast: upcast stays what float16 measures
+    b = site(_variants_report("bfloat16"), name).formula
+    bf = lambda dt: dt.replace("float16", "bfloat16")  # noqa: E731
+    assert (b.stats_dtype, b.eps_dtype, b.upcast, b.notes) == (bf(stats16), bf(eps16), facts["upcast"], [])
 
 
 def test_fused_torch_norms():

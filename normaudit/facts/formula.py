@@ -18,8 +18,9 @@ For every LayerNorm/RMSNorm-like site (and the fused BatchNorm/GroupNorm/Instanc
   dtype of the tensor eps is added to (what decides whether a tiny eps rounds to 0).
 - ``confirmed``: None when only the graph was read; True/False when the site's module was run alone
   (:func:`normaudit.facts.probe.probe_formula`) and a reference formula did / did not reproduce it.
-  ``eps_measured``/``eps_matches``/``max_error`` come from that probe, ``constant_row_finite`` from
-  :func:`normaudit.facts.probe.probe_half_precision` (run in ``--dtype`` when it is half, else float16).
+  ``eps_measured``/``eps_matches``/``max_error`` come from that probe; ``upcast`` is then measured by
+  :func:`normaudit.facts.probe.probe_half_precision` in float16 (the only half dtype whose squares overflow),
+  and ``constant_row_finite`` in ``--dtype`` when it is half (else float16).
 - ``notes``: where the probe overrode the graph, or why the module was not probed.
 - ``text``: :func:`normaudit.facts.reference.formula_text`.
 
@@ -120,7 +121,9 @@ def _cast_target(node: fx.Node) -> Optional[torch.dtype]:
     for a in list(node.args[1:]) + list(node.kwargs.values()):
         if isinstance(a, torch.dtype):
             return a
-    if op_name(node) == "to" and str(getattr(node.target, "__name__", node.target)).startswith("type_as"):
+    # type_as(other) and friends: an upcast only where the capture shows the dtype widen
+    src = node.args[0] if node.args else None
+    if dtype(node) is not None and dtype(src) is not None and dtype(node).itemsize > dtype(src).itemsize:
         return dtype(node)
     return None
 
@@ -294,24 +297,52 @@ def graph_formula(rec: SiteRecord, g: _Graph, owner_nodes: Optional[set] = None)
         f.inverted_scale = (op_name(applied) == "div") == inverse
         gain, bias = _affine(g, rec, applied, owner_nodes)
         f.gain, f.bias = gain or "none", bias
-    stat_op = reduction(rec.stat).op if reduction(rec.stat) is not None else None
-    stat_dt = _dt(dtype(rec.stat))
+    red = reduction(rec.stat)
+    stat_op = red.op if red is not None else None
     f.fused = False
+    entry_dt = _entry_dtype(rec.stat, owner_nodes) or in_dt
+    f.stats_dtype = _held_dtype(rec.stat, stat_op, red)
     f.upcast = (stat_op in ("std", "std_mean") or _upcast_before(rec.stat, strip_neutral(rec.input), owner_nodes)
-                or (in_dt in HALF and stat_dt in ("float32", "float64")))
+                or (entry_dt in HALF and f.stats_dtype in ("float32", "float64")))
     eps_node = _eps_node(scale, how) if scale is not None else None
     f.eps_dtype = _dt(dtype(eps_node)) if eps_node is not None else None
-    _set_stats_dtype(f, in_dt, stat_dt)
     if f.eps_dtype is None and f.eps_position != "none":
         f.eps_dtype = f.stats_dtype
     return f
 
 
-def _set_stats_dtype(f: Formula, in_dt: Optional[str], stat_dt: Optional[str] = None) -> None:
-    if in_dt in HALF:
-        f.stats_dtype = "float32" if f.upcast else in_dt
-    else:
-        f.stats_dtype = stat_dt if stat_dt in ("float32", "float64") else in_dt
+def _held_dtype(stat: fx.Node, op: Optional[str], red) -> Optional[str]:
+    """The dtype the squares / variance are held in, read off the captured graph: the square node of a
+    mean of squares, the output of var; std accumulates in float32 inside its kernel and only the std (which
+    fits any half dtype where the variance might not) is stored."""
+    if op == "mean" and red is not None:
+        return _dt(dtype(strip_neutral(red.source))) or _dt(dtype(stat))
+    held = _dt(dtype(stat))
+    if op in ("std", "std_mean") and held in HALF:
+        return "float32"
+    return held
+
+
+def _entry_dtype(stat: fx.Node, within: Optional[set]) -> Optional[str]:
+    """The dtype of the activation entering the site's module on the way to its statistic (the site's
+    ``input`` is taken through casts, so it may be the float32 tensor before a previous module's cast)."""
+    if within is None:
+        return None
+    frontier, seen = [stat], set()
+    while frontier and len(seen) < 40:
+        node = frontier.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        for a in node.args:
+            if not isinstance(a, fx.Node) or a.op == "get_attr":
+                continue
+            if a not in within:
+                if a.op == "placeholder" or dtype(a) is not None:
+                    return _dt(dtype(a))
+                continue
+            frontier.append(a)
+    return None
 
 
 # ------------------------------------------------------------------------------------------------ probing
@@ -344,7 +375,12 @@ def _signature(mod: nn.Module, rec: SiteRecord, half: str) -> tuple:
                          if not k.startswith("_") and isinstance(v, (int, float, str, bool, tuple, type(None)))))
     params = tuple((k, tuple(p.shape), str(p.dtype)) for k, p in mod.named_parameters())
     dims = tuple(d - rank for d in s.reduced_dims or ())
-    return (type(mod), dims, tuple(s.input_shape[d] for d in s.reduced_dims or ()), s.eps, attrs, params, half)
+    key = (type(mod), dims, tuple(s.input_shape[d] for d in s.reduced_dims or ()), s.eps, attrs, params, half)
+    try:
+        hash(key)
+    except TypeError:  # a tuple attribute holding a list: probe this module on its own
+        key = (id(mod), half)
+    return key
 
 
 def _probe(mod: nn.Module, rec: SiteRecord, half: torch.dtype):
@@ -362,12 +398,18 @@ def _probe(mod: nn.Module, rec: SiteRecord, half: torch.dtype):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return probe_formula(mod, dims, small, s.eps), probe_half_precision(mod, dims, small, half)
+        r = probe_formula(mod, dims, small, s.eps)
+        # upcast is only observable where squares overflow: float16 (bfloat16 has float32's range, so a
+        # norm computing in bfloat16 passes the overflow test). The audit's own half dtype, when it is another,
+        # decides whether a constant row stays finite.
+        h16 = probe_half_precision(mod, dims, small, torch.float16)
+        h = h16 if half == torch.float16 else probe_half_precision(mod, dims, small, half)
+        return r, h16, h
     finally:
         torch.set_num_threads(threads)
 
 
-def _merge(f: Formula, r, h, in_dt: Optional[str]) -> Optional[str]:
+def _merge(f: Formula, r, h16, h, in_dt: Optional[str]) -> Optional[str]:
     """Fold probe results into graph facts (the probe wins where it measured something). Returns the
     probe's kind when it confirmed one."""
     if r.error is not None:
@@ -388,13 +430,15 @@ def _merge(f: Formula, r, h, in_dt: Optional[str]) -> Optional[str]:
         if gv is not None and gv != p:
             f.notes.append(f"{name}: the graph says {gv}, the probe measured {p}; using the probe")
         setattr(f, name, p)
-    if h is not None and h.error is None and h.upcast is not None:
-        if f.upcast is not None and f.upcast != h.upcast and not f.fused:
-            f.notes.append(f"upcast: the graph says {f.upcast}, the {h.dtype} probe measured {h.upcast}; using the probe")
+    if h16.error is None and h16.upcast is not None:
+        if f.upcast is not None and f.upcast != h16.upcast and not f.fused:
+            f.notes.append(f"upcast: the graph says {f.upcast}, the float16 probe measured {h16.upcast}; using the probe")
         if not f.fused:
-            f.upcast = h.upcast
+            f.upcast = h16.upcast
+        if f.stats_dtype is None and in_dt is not None:  # the graph did not show it
+            f.stats_dtype = "float32" if in_dt in HALF and f.upcast else in_dt
+    if h.error is None:
         f.constant_row_finite = h.constant_row_finite
-        _set_stats_dtype(f, in_dt, f.stats_dtype)
     return r.kind if r.confirmed and r.kind in PROBED_KINDS else None
 
 
