@@ -344,3 +344,20 @@ def test_docstring_examples_run():
 
     for mod in (axes_pass, batchnorm_pass, probes_pass):
         assert doctest.testmod(mod).failed == 0, mod.__name__
+
+
+@pytest.mark.xfail(strict=True, reason="sites.py (_normalized_shape) reads a traced x.shape[1:] (one fx node) as a "
+                                       "single entry, so reduced_dims is [2] instead of [1, 2] under symbolic tracing")
+def test_layer_norm_over_shape_from_one_under_symbolic_trace(my_rules):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(50, 16)
+
+        def forward(self, ids):
+            x = self.embed(ids)
+            return F.layer_norm(x, x.shape[1:])
+
+    r = audit_model(Net(), (torch.randint(0, 50, (2, 8)),), rules=my_rules)
+    assert r.capture.method == "symbolic_trace"
+    assert site(r, "").normalized_axes == ["sequence", "feature"] and flagged(r, "NL101") == [""]
