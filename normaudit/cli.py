@@ -119,6 +119,13 @@ def _settings_rules(argv_rules: Optional[list[str]]) -> list[str]:
     return discover_settings().rules
 
 
+def _first_sentence(text: str) -> str:
+    """The first sentence of a rule's ``doc.what``, on one line."""
+    flat = " ".join(text.split())
+    cut = re.search(r"\.(\s+[A-Z]|$)", flat)
+    return flat[: cut.start() + 1] if cut else flat
+
+
 def _cmd_rules(argv: Sequence[str]) -> int:
     from normaudit.engine.loader import load_rules
 
@@ -128,7 +135,7 @@ def _cmd_rules(argv: Sequence[str]) -> int:
     rules = load_rules(_settings_rules(args.rules))
     width = max((len(r.name) for r in rules.values()), default=0)
     for rule in sorted(rules.values(), key=lambda r: r.id):
-        print(f"{rule.id}  {rule.name.ljust(width)}  {rule.category:<10} {rule.severity:<8} {rule.doc.what.splitlines()[0]}")
+        print(f"{rule.id}  {rule.name.ljust(width)}  {rule.category:<10} {rule.severity:<8} {_first_sentence(rule.doc.what)}")
     return EXIT_OK
 
 
@@ -480,12 +487,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``normaudit`` command; returns the exit status (0, 1, 2 or 3, see CONTRACT.md)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv and argv[0] in COMMANDS and not os.path.exists(argv[0]):
+        # A subcommand name wins over a same-named path (the repo's own rules/ directory); audit such a
+        # path as ./rules.
+        if argv and argv[0] in COMMANDS:
             return COMMANDS[argv[0]](argv[1:])
         return _cmd_audit(argv)
     except UsageError as err:
         print(f"normaudit: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # `normaudit rules | head`
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")
+        return EXIT_OK
     except KeyboardInterrupt:
         print("normaudit: interrupted", file=sys.stderr)
         return 130

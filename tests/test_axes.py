@@ -346,8 +346,6 @@ def test_docstring_examples_run():
         assert doctest.testmod(mod).failed == 0, mod.__name__
 
 
-@pytest.mark.xfail(strict=True, reason="sites.py (_normalized_shape) reads a traced x.shape[1:] (one fx node) as a "
-                                       "single entry, so reduced_dims is [2] instead of [1, 2] under symbolic tracing")
 def test_layer_norm_over_shape_from_one_under_symbolic_trace(my_rules):
     class Net(nn.Module):
         def __init__(self):

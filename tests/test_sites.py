@@ -200,3 +200,14 @@ def test_functional_normalized_shape_from_input_size(method):
     _, records = _facts(SizeFromInput(), (torch.randn(2, 3, 8),), (method,))
     assert [(r.site.kind, r.site.normalized_shape, r.site.reduced_dims, r.site.normalized_axes) for r in records] == [
         ("LayerNorm", [8], [2], ["feature"])]
+
+
+def test_eval_fallback_keeps_modules_the_user_froze(capfd):
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 8), nn.BatchNorm1d(8))
+    model[3].eval()  # frozen by the user; model[1] still trains and raises at batch 1
+    r = audit_model(model, (torch.randn(1, 4),))
+    assert r.capture.complete and r.capture.method == "symbolic_trace"
+    assert [a.method for a in r.capture.attempts][-1] == "symbolic_trace (eval)"
+    assert [(s.module, s.training) for s in r.sites] == [("1", True), ("3", False)]
+    assert model.training and not model[3].training
+    assert "Traceback" not in capfd.readouterr().err

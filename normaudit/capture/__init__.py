@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -44,6 +45,14 @@ class Capture:
     @property
     def complete(self) -> bool:
         return self.gm is not None
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The original exception behind wrappers (ShapeProp and export re-raise with ``from``)."""
+    seen = 0
+    while exc.__cause__ is not None and seen < 10:
+        exc, seen = exc.__cause__, seen + 1
+    return exc
 
 
 def _one_line(exc: BaseException) -> str:
@@ -167,6 +176,9 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
     attempts: list[CaptureAttempt] = []
     train_error = None
     was_training = model.training
+    # Per-module modes, restored after an eval-mode retry: a BatchNorm the user froze with .eval() inside
+    # a training model must still read as frozen.
+    modes = {name: m.training for name, m in modules.items()}
     for train_pass in ([True, False] if was_training else [False]):
         if not train_pass:
             model.eval()
@@ -185,19 +197,22 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
                 attempts.append(CaptureAttempt(method=label, ok=False, error=_one_line(exc),
                                                seconds=round(time.perf_counter() - t0, 3)))
                 if train_pass and train_error is None:
-                    train_error = _one_line(exc)
+                    train_error = _one_line(_root_cause(exc))
                 continue
             label = method if train_pass == was_training else f"{method} (eval)"
             attempts.append(CaptureAttempt(method=label, ok=True, seconds=round(time.perf_counter() - t0, 3)))
-            if was_training:
-                model.train()
+            _restore_modes(modules, modes)
             return Capture(gm=gm, method=method, attempts=attempts, root=model, modules=modules,
                            user_inputs=user, eval_fallback=not train_pass and was_training,
                            train_error=train_error if not train_pass else None)
-    if was_training:
-        model.train()
+    _restore_modes(modules, modes)
     return Capture(gm=None, method="module_walk", attempts=attempts, root=model, modules=modules,
                    train_error=train_error)
+
+
+def _restore_modes(modules: dict[str, nn.Module], modes: dict[str, bool]) -> None:
+    for name, mod in modules.items():
+        mod.training = modes[name]
 
 
 def _is_fake(model: nn.Module) -> bool:
@@ -225,7 +240,8 @@ def _quiet():
     logger = logging.getLogger("torch")
     old = logger.level
     logger.setLevel(logging.ERROR)
-    with warnings.catch_warnings():
+    # ShapeProp prints a traceback to stderr before re-raising; the failure is recorded in the attempts.
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
         try:
             yield

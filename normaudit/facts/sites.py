@@ -119,15 +119,41 @@ def reduced_dims_for(kind: str, rank: int, normalized_len: int = 1) -> list[int]
     return []
 
 
+def _size_value(node: fx.Node) -> Any:
+    """Evaluate ``x.shape``/``x.size()`` and indexing or slicing of it from the recorded shapes
+    (symbolic tracing keeps these as nodes): an int, a tuple of ints, or None when unknown."""
+    name = op_name(node)
+    if name == "getattr" and len(node.args) > 1 and node.args[1] == "shape" and isinstance(node.args[0], fx.Node):
+        return shape(node.args[0])
+    if name == "size" and node.args and isinstance(node.args[0], fx.Node):
+        full = shape(node.args[0])
+        dim = arg(node, 1, "dim", None)
+        if full is None:
+            return None
+        return full if dim is None else full[int(dim)]
+    if name == "getitem" and isinstance(node.args[0], fx.Node):
+        base = _size_value(node.args[0])
+        if isinstance(base, tuple):
+            try:
+                return base[node.args[1]]
+            except (TypeError, IndexError):
+                return None
+    return None
+
+
 def _normalized_shape(node: fx.Node) -> Optional[list[int]]:
     """``normalized_shape`` of a functional layer_norm/rms_norm call. Entries computed from the input's
     size (``(x.shape[-1],)``: fx nodes under symbolic tracing) are read from the input's shape instead."""
     ns = arg(node, 1, "normalized_shape")
     if ns is None:
         return None
-    if isinstance(ns, (int, fx.Node)):
+    if isinstance(ns, fx.Node):
+        value = _size_value(ns)
+        ns = list(value) if isinstance(value, tuple) else [value if value is not None else ns]
+    elif isinstance(ns, int):
         ns = [ns]
-    ns = list(ns)
+    ns = [(_size_value(d) if isinstance(d, fx.Node) else d) if not isinstance(d, int) else d for d in ns]
+    ns = [d if d is not None else object() for d in ns]
     in_shape = shape(node.args[0]) if node.args else None
     out: list[int] = []
     for k, dim in enumerate(ns):
