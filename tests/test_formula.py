@@ -265,8 +265,6 @@ def test_n17_fused_vs_hand_written_half_precision():
         True, True, "float32", "float32", True)
 
 
-@pytest.mark.xfail(strict=True, reason="sites.py does not yet discover x / (sqrt(mean(x^2)) + eps): the eps add "
-                                       "between sqrt and the division stops the pattern detector")
 def test_eps_after_explicit_sqrt_is_a_site():
     f = _formula(nv.EpsOutsideRMSNorm(D)).formula
     assert (f.eps_position, f.variance) == ("outside_sqrt", "mean_square")

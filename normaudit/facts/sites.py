@@ -327,7 +327,8 @@ def _extend_affine(out: fx.Node, owner_path: str, modules) -> tuple[fx.Node, lis
     chain = []
     node = out
     for _ in range(6):
-        users = list(node.users)
+        # export adds _assert_tensor_metadata checks beside casts: they consume nothing
+        users = [u for u in node.users if not op_name(u).startswith("_assert")]
         if len(users) != 1:
             break
         u = users[0]
@@ -452,18 +453,17 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
             stat, eps, how = found
         elif name == "std":
             stat, eps, how = node, None, "none"
-            for u in node.users:
-                if op_name(u) == "add" and scalar_operand(u) is not None:
-                    eps, how = scalar_operand(u), "outside_sqrt"
         else:
             continue
         info = _analyse_stat(stat)
         if info is None:
             continue
         scale = node
-        if name == "std":
-            adds = [u for u in node.users if op_name(u) == "add"]
-            scale = adds[0] if adds else node
+        if name in ("std", "sqrt") or (name == "pow" and node.args[1] == 0.5):
+            # eps added to the std/RMS after the root: x / (sqrt(var) + eps), x / (x.std() + eps)
+            adds = [u for u in node.users if op_name(u) == "add" and scalar_operand(u) is not None]
+            if adds:
+                scale, eps, how = adds[0], scalar_operand(adds[0]), "outside_sqrt"
         by = "div" if name in ("sqrt", "std") else "mul"
         if name == "pow" and node.args[1] == 0.5:
             by = "div"

@@ -37,8 +37,9 @@ def _site_row(s: Site) -> list[str]:
     module = s.module or "<root>"
     if s.call_index:
         module += f" #{s.call_index + 1}"
+    stats = (s.formula.stats_dtype if s.formula is not None and s.formula.stats_dtype else s.compute_dtype)
     return [module, s.kind, s.class_name, _fmt_eps(s.eps), ",".join(s.normalized_axes) or "-", s.placement,
-            s.compute_dtype or "-"]
+            stats or "-"]
 
 
 def _num(v: Optional[float]) -> str:
