@@ -95,7 +95,8 @@ class _LeafTracer(fx.Tracer):
         return super().is_leaf_module(m, module_qualified_name) and not any(True for _ in m.children())
 
 
-def _fake_inputs(inputs: Any, mode: FakeTensorMode, dtype: torch.dtype) -> Any:
+def fake_inputs(inputs: Any, mode: FakeTensorMode, dtype: torch.dtype) -> Any:
+    """Fake copies of the example inputs (floating ones cast to ``dtype``), keeping tuple/dict form."""
     def conv(t):
         if isinstance(t, torch.Tensor):
             if t.is_floating_point() and dtype != torch.float32:
@@ -172,7 +173,7 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
         elif not _is_fake(model):
             _fakeify_(model, mode)
     modules = dict(model.named_modules())
-    fake_args = _fake_inputs(inputs, mode, dtype)
+    fake_args = fake_inputs(inputs, mode, dtype)
     attempts: list[CaptureAttempt] = []
     train_error = None
     was_training = model.training

@@ -36,7 +36,7 @@ from typing import Any, Optional
 import torch
 from torch import fx, nn
 
-from normaudit.capture import Capture
+from normaudit.capture import Capture, fake_inputs
 from normaudit.capture.ir import owner, shape
 from normaudit.report import BatchProbe, SizeProbe
 
@@ -174,19 +174,6 @@ def _fake_mode(root: nn.Module):
         if isinstance(t, FakeTensor):
             return t.fake_mode
     return FakeTensorMode(allow_non_fake_inputs=True)
-
-
-def _to_fake(inputs: Any, mode, dtype: torch.dtype) -> Any:
-    def conv(t):
-        if isinstance(t, torch.Tensor):
-            if t.is_floating_point() and dtype != torch.float32:
-                t = t.to(dtype)
-            return mode.from_tensor(t)
-        return t
-
-    if isinstance(inputs, dict):
-        return {k: conv(v) for k, v in inputs.items()}
-    return tuple(conv(t) for t in inputs)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -445,12 +432,12 @@ def size_probe(ctx: Any, records: list) -> list[str]:
         mode = _fake_mode(cap.root)
         new_real = resized_inputs(ctx.inputs, list(cap.user_inputs), plan)
         with _mode_of(cap.root, cap.eval_fallback), _quiet():
-            new_fake = _to_fake(new_real, mode, dtype)
+            new_fake = fake_inputs(new_real, mode, dtype)
             with mode:
                 if cap.method == "symbolic_trace" and not isinstance(new_fake, dict):
                     notes, tied = _probe_symbolic(cap, records, new_fake, plan)
                 else:
-                    old_fake = _to_fake(ctx.inputs, mode, dtype)
+                    old_fake = fake_inputs(ctx.inputs, mode, dtype)
                     notes, tied = _probe_eager(cap, records, old_fake, new_fake, plan)
     except Exception as exc:  # noqa: BLE001 - a probe never fails the audit
         for rec in records:

@@ -115,7 +115,7 @@ def load_module_target(module_name: str, factory: str) -> ModelUnderAudit:
     Nothing is written into the user's tree (no ``__pycache__``). Raises UsageError when the module cannot be
     found or imported, or the factory is missing or fails.
     """
-    from normaudit.target.pyfile import _call, _has_meta_mixed, record_origins, user_error
+    from normaudit.target.pyfile import build_from_module, user_error
 
     old = sys.dont_write_bytecode
     sys.dont_write_bytecode = True
@@ -147,32 +147,6 @@ def load_module_target(module_name: str, factory: str) -> ModelUnderAudit:
     if fn is None or not callable(fn):
         raise UsageError(f"no callable {factory}() in module {module_name} (define one, or name it as "
                          f"{module_name}:NAME)", file=str(where))
-    origins: dict = {}
-    on_meta = True
-    try:
-        with record_origins(origins):
-            model = _call(fn, where, f"{factory}() failed", meta=True)
-        if isinstance(model, nn.Module) and _has_meta_mixed(model):
-            raise RuntimeError("meta build mixed devices")
-    except (UsageError, RuntimeError):
-        on_meta = False
-        origins.clear()
-        with record_origins(origins):
-            model = _call(fn, where, f"{factory}() failed", meta=False)
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"{factory}() returned {type(model).__name__}, not a torch.nn.Module", file=str(where))
-    inputs = None
-    ex = getattr(module, "example_inputs", None)
-    if callable(ex):
-        import torch
-
-        inputs = _call(ex, where, "example_inputs() failed", meta=False)
-        if isinstance(inputs, torch.Tensor):
-            inputs = (inputs,)
-        if isinstance(inputs, list):
-            inputs = tuple(inputs)
-        if not isinstance(inputs, (tuple, dict)):
-            raise UsageError(f"example_inputs() returned {type(inputs).__name__}; return a tuple or a dict",
-                             file=str(where))
+    model, inputs, on_meta, origins = build_from_module(module, fn, factory, where)
     return ModelUnderAudit(model=model, inputs=inputs, on_meta=on_meta, kind="python",
                            factory=f"{module_name}:{factory}", origins=origins, file=str(where.resolve()))

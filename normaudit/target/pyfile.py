@@ -161,6 +161,43 @@ def _call(fn: Callable[[], Any], path: Path, what: str, meta: bool) -> Any:
         sys.dont_write_bytecode = old
 
 
+def build_from_module(module: ModuleType, fn: Callable[[], Any], factory: str, where: Path
+                      ) -> tuple[nn.Module, Any, bool, dict[int, SourceLocation]]:
+    """Call the factory (on the meta device when it allows it, else for real) and ``example_inputs()``.
+
+    Returns ``(model, inputs or None, on_meta, origins)``. Raises UsageError naming ``where`` when the
+    factory or ``example_inputs()`` raise or return the wrong type.
+    """
+    on_meta = True
+    origins: dict[int, SourceLocation] = {}
+    try:
+        with record_origins(origins):
+            model = _call(fn, where, f"{factory}() failed", meta=True)
+        if isinstance(model, nn.Module) and _has_meta_mixed(model):
+            raise RuntimeError("meta build mixed devices")
+    except (UsageError, RuntimeError):
+        # The factory may need real tensors (data-dependent init); build for real. If it fails again
+        # the error is the user's and names their line.
+        on_meta = False
+        origins.clear()
+        with record_origins(origins):
+            model = _call(fn, where, f"{factory}() failed", meta=False)
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"{factory}() returned {type(model).__name__}, not a torch.nn.Module", file=str(where))
+    inputs = None
+    ex = getattr(module, "example_inputs", None)
+    if callable(ex):
+        inputs = _call(ex, where, "example_inputs() failed", meta=False)
+        if isinstance(inputs, torch.Tensor):
+            inputs = (inputs,)
+        if isinstance(inputs, list):
+            inputs = tuple(inputs)
+        if not isinstance(inputs, (tuple, dict)):
+            raise UsageError(f"example_inputs() returned {type(inputs).__name__}; return a tuple or a dict",
+                             file=str(where))
+    return model, inputs, on_meta, origins
+
+
 def load_python_target(spec: str) -> LoadedModel:
     """Import the file, build the model (on the meta device when the factory allows it) and its inputs.
 
@@ -174,33 +211,7 @@ def load_python_target(spec: str) -> LoadedModel:
     if fn is None or not callable(fn):
         raise UsageError(f"no callable {factory}() (define one, or name the factory as FILE.py:NAME)",
                          file=str(path))
-    on_meta = True
-    origins: dict[int, SourceLocation] = {}
-    try:
-        with record_origins(origins):
-            model = _call(fn, path, f"{factory}() failed", meta=True)
-        if isinstance(model, nn.Module) and _has_meta_mixed(model):
-            raise RuntimeError("meta build mixed devices")
-    except (UsageError, RuntimeError):
-        # The factory may need real tensors (data-dependent init); build for real. If it fails again
-        # the error is the user's and names their line.
-        on_meta = False
-        origins.clear()
-        with record_origins(origins):
-            model = _call(fn, path, f"{factory}() failed", meta=False)
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"{factory}() returned {type(model).__name__}, not a torch.nn.Module", file=str(path))
-    inputs = None
-    ex = getattr(module, "example_inputs", None)
-    if callable(ex):
-        inputs = _call(ex, path, "example_inputs() failed", meta=False)
-        if isinstance(inputs, torch.Tensor):
-            inputs = (inputs,)
-        if isinstance(inputs, list):
-            inputs = tuple(inputs)
-        if not isinstance(inputs, (tuple, dict)):
-            raise UsageError(f"example_inputs() returned {type(inputs).__name__}; return a tuple or a dict",
-                             file=str(path))
+    model, inputs, on_meta, origins = build_from_module(module, fn, factory, path)
     return LoadedModel(model=model, inputs=inputs, on_meta=on_meta, file=str(path.resolve()),
                        factory=factory, module=module, origins=origins)
 
