@@ -203,8 +203,12 @@ class Site(_Model):
     formula: Optional[Formula] = None
     weights: Optional[WeightStats] = None
     eps_facts: Optional[EpsFacts] = None
+    #: where a fix goes: the line constructing a norm module, or the line calling a functional norm
     source: Optional[SourceLocation] = None
+    #: the line that constructed the site's module
     definition: Optional[SourceLocation] = None
+    #: the line that calls the norm (from the captured graph's stack trace)
+    call: Optional[SourceLocation] = None
     #: labels of the axis a BatchNorm/GroupNorm/InstanceNorm keeps one statistic per (its dim 1, the "channels")
     channel_axes: list[AxisLabel] = Field(default_factory=list)
     size_probe: Optional[SizeProbe] = None

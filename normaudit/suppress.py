@@ -185,7 +185,7 @@ def _code_matches(code: str, finding: Finding) -> bool:
 def _locations(finding: Finding, sites_by_module: dict[str, list[Site]]) -> list[SourceLocation]:
     locs = [finding.source] if finding.source is not None else []
     for site in sites_by_module.get(finding.module, []):
-        locs += [loc for loc in (site.source, site.definition) if loc is not None]
+        locs += [loc for loc in (site.source, site.definition, site.call) if loc is not None]
     return locs
 
 
@@ -263,7 +263,7 @@ def filter_findings(findings: list[Finding], *, sites: list[Site], model: ModelF
     site_lines: dict[tuple[str, int], str] = {}
     for site in sites:
         sites_by_module.setdefault(site.module, []).append(site)
-        for loc in (site.source, site.definition):
+        for loc in (site.source, site.definition, site.call):
             if loc is not None and loc.file and loc.line and index.file(loc.file) is not None:
                 site_lines.setdefault((index.key(loc.file), loc.line), site.module)
     result = FilterResult(findings=[])

@@ -211,3 +211,42 @@ def test_eval_fallback_keeps_modules_the_user_froze(capfd):
     assert [(s.module, s.training) for s in r.sites] == [("1", True), ("3", False)]
     assert model.training and not model[3].training
     assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_source_is_the_constructor_of_a_norm_module_and_the_call_of_a_functional_norm(tmp_path, method, monkeypatch):
+    from conftest import audit_file
+
+    path = tmp_path / "m.py"
+    path.write_text(
+        "import torch\n"
+        "import torch.nn.functional as F\n"
+        "from torch import nn\n"
+        "class RMS(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.weight = nn.Parameter(torch.ones(8))\n"
+        "    def forward(self, x):\n"
+        "        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)\n"
+        "class Block(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.norm = RMS()\n"                                  # line 13: constructs
+        "        self.fc = nn.Linear(8, 8)\n"
+        "    def forward(self, x):\n"
+        "        h = self.norm(x)\n"                                   # line 16: calls
+        "        return F.layer_norm(self.fc(h), (8,))\n"              # line 17: functional call
+        "def build_model():\n"
+        "    return Block()\n"
+        "def example_inputs():\n"
+        "    return (torch.randn(2, 3, 8),)\n")
+    import functools
+
+    import normaudit.audit
+
+    monkeypatch.setattr(normaudit.audit, "capture_model", functools.partial(capture_model, methods=(method,)))
+    r = audit_file(path)
+    assert r.capture.method == method
+    lines = [(s.module, s.detected_by, s.source.line, s.definition.line if s.definition else None, s.call.line)
+             for s in r.sites]
+    assert lines == [("norm", "pattern", 13, 13, 16), ("", "functional", 17, None, 17)]

@@ -111,6 +111,7 @@ def fake_inputs(inputs: Any, mode: FakeTensorMode, dtype: torch.dtype) -> Any:
 
 def _symbolic_trace(model: nn.Module, args: tuple, mode: FakeTensorMode) -> tuple[fx.GraphModule, list[str]]:
     tracer = _LeafTracer()
+    tracer.record_stack_traces = True  # call lines of functional norms and of module calls
     graph = tracer.trace(model)
     gm = fx.GraphModule(tracer.root, graph)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]

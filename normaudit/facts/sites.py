@@ -342,14 +342,15 @@ def _extend_affine(out: fx.Node, owner_path: str, modules) -> tuple[fx.Node, lis
     return node, chain
 
 
-def _location(node: Optional[fx.Node]) -> Optional[SourceLocation]:
-    """The innermost frame of an exported node's stack_trace that is not inside torch itself."""
+def _location(node: Optional[fx.Node], skip_inner: int = 0) -> Optional[SourceLocation]:
+    """A frame of the node's recorded stack trace outside torch: the innermost one, or ``skip_inner``
+    frames further out (1 gives the caller of a hand-written norm's ``forward``)."""
     if node is None:
         return None
     st = node.meta.get("stack_trace")
     if not st:
         return None
-    best = None
+    frames: list[SourceLocation] = []
     for line in st.splitlines():
         line = line.strip()
         if line.startswith('File "'):
@@ -361,8 +362,16 @@ def _location(node: Optional[fx.Node]) -> Optional[SourceLocation]:
                 lineno = int(line.split(", line ")[1].split(",")[0])
             except (IndexError, ValueError):
                 continue
-            best = SourceLocation(file=fname, line=lineno)
-    return best
+            frames.append(SourceLocation(file=fname, line=lineno))
+    if not frames:
+        return None
+    return frames[max(0, len(frames) - 1 - skip_inner)]
+
+
+def _norm_like(mod: Optional[nn.Module]) -> bool:
+    """A module that is only a norm: no submodules, parameters at most 1-D (so its forward is the norm)."""
+    return (mod is not None and not any(True for _ in mod.children())
+            and all(p.dim() <= 1 for p in mod.parameters(recurse=False)))
 
 
 def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = None) -> list[SiteRecord]:
@@ -383,11 +392,11 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
         site = Site(module=path, kind=kind, class_name=type(mod).__name__ if mod is not None else "?",
                     detected_by=by, op=opname)
         rec = SiteRecord(site=site, module_obj=mod)
-        site.source = _location(node) or origins.get(id(mod)) if mod is not None else _location(node)
-        if mod is not None and id(mod) in origins:
-            site.definition = origins[id(mod)]
-        if site.source is None:
-            site.source = site.definition
+        # The call: for a hand-written norm module, where its forward is called, not a line inside it.
+        site.call = _location(node, skip_inner=1 if by == "pattern" and _norm_like(mod) else 0)
+        site.definition = origins.get(id(mod)) if mod is not None else None
+        # Where a fix goes: the constructor line of a norm module, the call line of a functional norm.
+        site.source = (site.call or site.definition) if by == "functional" else (site.definition or site.call)
         return rec
 
     # 1 + 2: built-in modules and functional calls
