@@ -82,3 +82,22 @@ def test_bad_model_files_give_one_line_errors(tmp_path, body, line, text):
 def test_missing_file(tmp_path):
     with pytest.raises(UsageError, match="no such file"):
         load_python_target(str(tmp_path / "nope.py"))
+
+
+def test_yaml_config_reads_exponent_floats_as_numbers(tmp_path):
+    from normaudit.target.config import load_config
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text("layer_norm_eps: 1e-6\nnested: {rms_norm_eps: 1E-5, name: '1e-6 apart'}\nhidden: 32\n")
+    assert load_config(path) == {"layer_norm_eps": 1e-6, "nested": {"rms_norm_eps": 1e-5, "name": "1e-6 apart"},
+                                 "hidden": 32}
+
+
+def test_empty_torch_checkpoint_says_why(tmp_path):
+    from normaudit.target.checkpoint import open_checkpoint
+
+    path = tmp_path / "empty.pt"
+    path.write_bytes(b"")
+    with pytest.raises(UsageError) as info:
+        open_checkpoint(path)
+    assert str(info.value).endswith("empty.pt: cannot read torch checkpoint: the file is empty")

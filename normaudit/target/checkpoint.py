@@ -208,7 +208,10 @@ def _torch_load(path: Path) -> tuple[Any, bool]:
         except pickle.UnpicklingError as e:
             raise _refusal(path, e) from None
         except Exception as e:
-            raise UsageError(f"cannot read torch checkpoint: {_one_line(e)}", file=str(path)) from None
+            cause = _one_line(e) or type(e).__name__
+            if path.stat().st_size == 0:
+                cause = "the file is empty"
+            raise UsageError(f"cannot read torch checkpoint: {cause}", file=str(path)) from None
 
 
 def _as_dict(value: Any) -> Optional[dict]:

@@ -3,6 +3,7 @@ training config. Parse errors are :class:`UsageError` with the file and line."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,7 +33,22 @@ def load_config(path: str | Path) -> dict[str, Any]:
             raise UsageError(f"invalid YAML: {problem}", file=str(p), line=line) from err
     if not isinstance(data, dict):
         raise UsageError(f"config must be a mapping, got {type(data).__name__}", file=str(p))
-    return data
+    return _numbers(data)
+
+
+_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
+def _numbers(value: Any) -> Any:
+    """YAML 1.1 (PyYAML) reads ``1e-6`` (no dot in the mantissa) as a string: take such strings as the
+    floats every other reader (JSON, Python, YAML 1.2) sees."""
+    if isinstance(value, dict):
+        return {k: _numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_numbers(v) for v in value]
+    if isinstance(value, str) and _FLOAT.match(value.strip()):
+        return float(value)
+    return value
 
 
 def model_config(model: Any) -> Optional[dict[str, Any]]:
