@@ -130,7 +130,8 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
     origins = dict(mua.origins)
     origins.update({id(cap.modules[n]): loc for n, loc in by_path.items() if n in cap.modules})
     options = {"dtype": opts.dtype, "batch_size": batch, "checkpoint": ckpt is not None,
-               "capture_method": cap.method, "train_error": cap.train_error, "probes": list(opts.probes),
+               "capture_method": cap.method, "train_error": cap.train_error,
+               "capture_error": next((a.error for a in cap.attempts if not a.ok), None), "probes": list(opts.probes),
                "config_origin": config_origin, "library_model": _library_config(mua.model)}
     ctx = FactContext(cap=cap, origins=origins, input_axes=declared, options=options,
                       probe_model=probe_model, inputs=inputs, config=config, config_source=config_source,

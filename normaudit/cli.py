@@ -446,7 +446,7 @@ def _cmd_audit(argv: Sequence[str]) -> int:
         result = TargetResult(target=opts.target)
         try:
             # User code may print; keep stdout for the report alone.
-            with contextlib.redirect_stdout(sys.stderr):
+            with _user_code_output():
                 result.report = _audit_one(opts, rules, baseline, base)
             result.status = exit_status(result.report, fail_on)
         except UsageError as err:
@@ -481,6 +481,39 @@ def _cmd_audit(argv: Sequence[str]) -> int:
 
 
 COMMANDS = {"rules": _cmd_rules, "explain": _cmd_explain, "schema": _cmd_schema}
+
+
+@contextlib.contextmanager
+def _user_code_output():
+    """While user code and torch run, keep stdout for the report alone: Python-level prints and writes
+    to file descriptor 1 (C extensions, ``os.write(1, ...)``) go to stderr; torch's internal error logs
+    (fake-tensor tracebacks of shapes that do not fit, already summarised in the report) are silenced."""
+    import logging
+
+    torch_logs = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+                  if name == "torch" or name.startswith("torch.")]
+    torch_logs.append(logging.getLogger("torch"))
+    old_levels = [(log, log.level) for log in torch_logs]
+    for log in torch_logs:
+        log.setLevel(logging.CRITICAL)
+    saved = None
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:
+        saved = None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if saved is not None:
+            with contextlib.suppress(OSError):
+                sys.stderr.flush()
+                os.dup2(saved, 1)
+                os.close(saved)
+        for log, level in old_levels:
+            log.setLevel(level)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

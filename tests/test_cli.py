@@ -277,3 +277,25 @@ def test_docstring_examples():
     for module in (cli, normaudit.suppress):
         result = doctest.testmod(module)
         assert result.failed == 0 and result.attempted > 0, module.__name__
+
+
+def test_json_stdout_survives_fd_writes_and_torch_logs(tmp_path):
+    """User code writing to file descriptor 1, and torch logging tracebacks for inputs that do not fit,
+    must not corrupt the one JSON document on stdout nor put a traceback on stderr."""
+    import json
+    import subprocess
+    import sys
+
+    model = tmp_path / "noisy.py"
+    model.write_text("import os, torch\nfrom torch import nn\n"
+                     "def build_model():\n    os.write(1, b'FD1 write\\n')\n    print('py print')\n"
+                     "    return nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))\n"
+                     "def example_inputs():\n    return (torch.randn(2, 5),)\n")
+    proc = subprocess.run([sys.executable, "-m", "normaudit", str(model), "--format", "json"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0
+    report = json.loads(proc.stdout)
+    assert report["capture"]["method"] == "module_walk"
+    assert [f["rule_id"] for f in report["findings"]] == ["NK101"]
+    assert "FD1 write" in proc.stderr and "py print" in proc.stderr
+    assert "Traceback" not in proc.stderr

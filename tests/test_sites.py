@@ -159,6 +159,11 @@ def test_uncapturable_model_falls_back_to_module_walk():
     assert [a.method for a in r.capture.attempts] == ["symbolic_trace", "export", "symbolic_trace (eval)", "export (eval)"]
     assert [(s.module, s.kind, s.eps, s.detected_by) for s in r.sites] == [("norm", "LayerNorm", 1e-3, "module_walk")]
     assert any("capture failed" in n for n in r.notes)
+    nk = [(f.rule_id, f.severity, f.module) for f in r.findings if f.rule_id == "NK101"]
+    assert nk == [("NK101", "warning", "")]
+    assert "could not be captured" in next(f.message for f in r.findings if f.rule_id == "NK101")
+    captured = audit_model(nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8)), (torch.randn(2, 8),))
+    assert [f.rule_id for f in captured.findings if f.rule_id == "NK101"] == []
 
 
 def test_capture_does_not_touch_the_callers_model():
@@ -250,3 +255,90 @@ def test_source_is_the_constructor_of_a_norm_module_and_the_call_of_a_functional
     lines = [(s.module, s.detected_by, s.source.line, s.definition.line if s.definition else None, s.call.line)
              for s in r.sites]
     assert lines == [("norm", "pattern", 13, 13, 16), ("", "functional", 17, None, 17)]
+
+
+class VarMeanLN(nn.Module):
+    """torch.var_mean returns a tuple: the variance reaches rsqrt through ``getitem``."""
+
+    def __init__(self, d, dim=-1):
+        super().__init__()
+        self.w, self.b, self.dim = nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d)), dim
+
+    def forward(self, x):
+        var, mean = torch.var_mean(x, dim=self.dim, keepdim=True, correction=0)
+        return (x - mean) * torch.rsqrt(var + 1e-5) * self.w + self.b
+
+
+class LucidrainsRMS(nn.Module):
+    """F.normalize(x) * sqrt(d) * g: x / max(||x||_2, eps) rescaled, i.e. an RMSNorm."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.scale, self.gamma = d ** 0.5, nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return F.normalize(x, dim=-1) * self.scale * self.gamma
+
+
+class ClampRMS(nn.Module):
+    def __init__(self, d, eps=1e-8):
+        super().__init__()
+        self.scale, self.eps, self.g = d ** -0.5, eps, nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x / (torch.norm(x, dim=-1, keepdim=True) * self.scale).clamp(min=self.eps) * self.g
+
+
+class NormZoo(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        self.a, self.b, self.c = VarMeanLN(d), LucidrainsRMS(d), ClampRMS(d)
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.c(self.fc(self.b(self.a(x))))
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_var_mean_normalize_and_clamped_norm_are_recognised(method):
+    _, records = _facts(NormZoo(), (torch.randn(2, 7, 16),), (method,))
+    got = [(r.site.module, r.site.kind, r.site.detected_by, r.site.eps, r.site.reduced_dims, r.site.normalized_shape,
+            r.site.normalized_axes) for r in records]
+    assert got == [("a", "LayerNorm", "pattern", 1e-5, [2], [16], ["feature"]),
+                   ("b", "RMSNorm", "pattern", 1e-12, [2], [16], ["feature"]),
+                   ("c", "RMSNorm", "pattern", 1e-8, [2], [16], ["feature"])]
+    assert records[0].hints["variance"] == "population"
+    assert [r.hints["how_eps"] for r in records] == ["inside_sqrt", "clamp", "clamp"]
+    assert all(r.site.affine_weight for r in records)
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_var_mean_over_sequence_and_feature(method):
+    class Net2(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n = VarMeanLN(16, dim=(1, 2))
+            self.fc = nn.Linear(16, 16)
+
+        def forward(self, x):
+            return self.fc(self.n(x))
+
+    _, records = _facts(Net2(), (torch.randn(2, 7, 16),), (method,))
+    assert [(r.site.module, r.site.kind, r.site.reduced_dims, r.site.normalized_axes) for r in records] == [
+        ("n", "LayerNorm", [1, 2], ["sequence", "feature"])]
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_cosine_similarity_normalisation_is_not_a_norm_site(method):
+    class Retriever(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k = nn.Linear(16, 16), nn.Linear(16, 16)
+
+        def forward(self, x):
+            q = F.normalize(self.q(x), dim=-1)
+            k = self.k(x) / torch.norm(self.k(x), dim=-1, keepdim=True).clamp(min=1e-6)
+            return q @ k.transpose(-2, -1)
+
+    _, records = _facts(Retriever(), (torch.randn(2, 7, 16),), (method,))
+    assert records == []

@@ -196,7 +196,7 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
                         gm, user = _export(model, fake_args, mode)
             except Exception as exc:  # noqa: BLE001 - any failure moves on to the next method
                 label = method if train_pass == was_training else f"{method} (eval)"
-                attempts.append(CaptureAttempt(method=label, ok=False, error=_one_line(exc),
+                attempts.append(CaptureAttempt(method=label, ok=False, error=_one_line(_root_cause(exc)),
                                                seconds=round(time.perf_counter() - t0, 3)))
                 if train_pass and train_error is None:
                     train_error = _one_line(_root_cause(exc))

@@ -94,6 +94,8 @@ def render(report: Report, rules=None) -> str:
     if failed and cap.complete:
         how += " (" + "; ".join(f"{a.method} failed: {a.error}" for a in failed) + ")"
     lines.append(how)
+    if not cap.complete and cap.method != "none":
+        lines += [f"  {a.method} failed: {a.error}" for a in failed]
     if cap.inputs_assumed:
         lines.append(f"inputs assumed: {cap.inputs_assumed}")
     lines.append("")
