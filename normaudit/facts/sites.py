@@ -11,6 +11,9 @@ Three detectors, in this order, each skipping nodes already claimed:
    ``mean`` of squares, centred or not), turned into a scale by ``sqrt``/``rsqrt``/``pow(-0.5)`` (or ``std``
    itself), applied to the same tensor by ``mul``/``div``. ``kind`` follows the computation: mean
    subtracted -> LayerNorm, not -> RMSNorm (Zhang & Sennrich 2019), whatever the class is called.
+   ``torch.var_mean`` counts (its variance reaches the root through ``getitem``). Inside a module that is
+   only a norm, ``x / max(||x||_2 [* d ** -0.5], eps)`` and ``F.normalize`` are RMSNorm too (the L2 norm is
+   the RMS up to sqrt(d), which the gain absorbs; hint ``statistic="l2_norm"``).
 
 The module of a site is the innermost module whose forward produced it (CONTRACT.md).
 """
@@ -235,10 +238,71 @@ def _find_stat(scale_in: fx.Node) -> Optional[tuple[fx.Node, Optional[float], st
                 eps, how = float(c), "clamp"
             node = node.args[0]
             continue
+        if name == "getitem" and len(node.args) > 1 and node.args[1] == 0 and isinstance(node.args[0], fx.Node):
+            # var, mean = torch.var_mean(...): the variance is element 0 of the tuple
+            red = reduction(node.args[0])
+            if red is not None and red.op == "var_mean":
+                return node.args[0], eps, how
+            return None
         if reduction(node) is not None:
             return node, eps, how
         return None
     return None
+
+
+def _l2_stat(node: fx.Node) -> Optional[tuple[fx.Node, tuple[int, ...]]]:
+    """If ``node`` is a 2-norm of a tensor over some dims (``torch.norm``/``x.norm``/``linalg_vector_norm``
+    with p=2, or ``F.normalize``, which divides by it) return (source, dims), else None."""
+    name = op_name(node)
+    if name == "normalize" and node.args and isinstance(node.args[0], fx.Node):
+        if arg(node, 1, "p", 2.0) not in (2, 2.0):
+            return None
+        in_shape = shape(node.args[0])
+        dim = arg(node, 2, "dim", 1)
+        if in_shape is None or not isinstance(dim, int) or not in_shape:
+            return None
+        return node.args[0], (dim % len(in_shape),)
+    if name not in ("norm", "linalg_vector_norm"):
+        return None
+    p = arg(node, 1, "p", "fro") if name == "norm" else arg(node, 1, "ord", 2)
+    if p not in (2, 2.0, "fro"):
+        return None
+    red = reduction(node)
+    if red is None:
+        return None
+    return red.source, red.dims
+
+
+def _l2_scale(norm: fx.Node) -> tuple[fx.Node, Optional[float], str]:
+    """From a 2-norm node, follow a scaling by a constant (``* d ** -0.5``) and ``clamp(min=eps)`` /
+    ``+ eps`` forward: (last node of that chain, eps, how eps enters)."""
+    node, eps, how = norm, None, "none"
+    for _ in range(4):
+        users = [u for u in node.users if not op_name(u).startswith("_assert")]
+        if len(users) != 1:
+            break
+        u = users[0]
+        name = op_name(u)
+        if name in ("mul", "div") and u.args and u.args[0] is node and scalar_operand(u) is not None:
+            node = u
+            continue
+        if name == "mul" and len(u.args) > 1 and u.args[1] is node and scalar_operand(u) is not None:
+            node = u
+            continue
+        if name in ("clamp", "maximum") and u.args and u.args[0] is node:
+            c = arg(u, 1, "min", None)
+            if not isinstance(c, (int, float)) or isinstance(c, bool):
+                break
+            eps, how, node = float(c), "clamp", u
+            continue
+        if name == "add" and scalar_operand(u) is not None:
+            eps, how, node = scalar_operand(u), "outside_sqrt", u
+            continue
+        if name in NEUTRAL_OPS:
+            node = u
+            continue
+        break
+    return node, eps, how
 
 
 def _square_source(node: fx.Node) -> Optional[fx.Node]:
@@ -444,6 +508,33 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
         _module_facts(rec.site, mod, shape(first))
         records.append(rec)
 
+    def add_pattern(path: str, node: fx.Node, stat: fx.Node, applied: fx.Node, src: fx.Node, dims,
+                    centered: bool, variance: str, eps: Optional[float], how: str) -> SiteRecord:
+        nonlocal claimed
+        rec = new(path, "LayerNorm" if centered else "RMSNorm", "pattern", node, None)
+        rec.input = strip_neutral(src)
+        rec.stat = stat
+        out, chain = _extend_affine(applied, path, modules)
+        rec.output = out
+        rec.nodes |= {node, stat, applied, *chain}
+        claimed |= rec.nodes
+        in_shape = shape(rec.input)
+        rec.site.reduced_dims = list(dims)
+        if in_shape is not None:
+            rank = len(in_shape)
+            if dims and list(dims) == list(range(rank - len(dims), rank)):
+                rec.site.normalized_shape = [in_shape[d] for d in dims]
+        rec.site.eps = eps
+        rec.site.compute_dtype = _dtype_str(dtype(stat))
+        rec.hints.update(how_eps=how, variance=variance, centered=centered,
+                         applied_by=op_name(applied), affine_chain=[op_name(c) for c in chain])
+        params = [p for p in (rec.module_obj.parameters(recurse=False) if rec.module_obj is not None else [])
+                  if p.dim() == 1]
+        rec.site.affine_weight = any(op_name(c) == "mul" for c in chain) or None
+        rec.site.affine_bias = any(op_name(c) == "add" for c in chain) or (False if params else None)
+        records.append(rec)
+        return rec
+
     # 3: hand-written norms
     for node in gm.graph.nodes:
         if node in claimed or builtin_kind(modules.get(owner(node, modules))) is not None:
@@ -462,6 +553,26 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
             stat, eps, how = found
         elif name == "std":
             stat, eps, how = node, None, "none"
+        elif _l2_stat(node) is not None:
+            # x / max(||x||_2 [* d ** -0.5], eps), F.normalize: RMSNorm up to a constant the gain absorbs.
+            # Only inside a module that is only a norm: an L2-normalised embedding elsewhere (cosine
+            # similarity) is not a normalisation layer.
+            path = owner(node, modules)
+            if not _norm_like(modules.get(path)):
+                continue
+            src, dims = _l2_stat(node)
+            if op_name(node) == "normalize":
+                scale, applied = node, node
+                eps_v = arg(node, 3, "eps", 1e-12)
+                eps, how = (float(eps_v) if isinstance(eps_v, (int, float)) else None), "clamp"
+            else:
+                scale, eps, how = _l2_scale(node)
+                applied = _apply_node(scale, src, "div")
+                if applied is None or op_name(applied) != "div":
+                    continue
+            rec = add_pattern(path, node, node, applied, src, dims, False, "mean_square", eps, how)
+            rec.hints["statistic"] = "l2_norm"
+            continue
         else:
             continue
         info = _analyse_stat(stat)
@@ -479,31 +590,8 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
         applied = _apply_node(scale, info["source"], by)
         if applied is None:
             continue
-        path = owner(node, modules)
-        rec = new(path, "LayerNorm" if info["centered"] else "RMSNorm", "pattern", node, None)
-        src = info["source"]
-        rec.input = strip_neutral(src)
-        rec.stat = stat
-        out, chain = _extend_affine(applied, path, modules)
-        rec.output = out
-        rec.nodes |= {node, stat, applied, *chain}
-        claimed |= rec.nodes
-        in_shape = shape(rec.input)
-        rec.site.reduced_dims = list(info["dims"])
-        if in_shape is not None:
-            rank = len(in_shape)
-            dims = info["dims"]
-            if dims and list(dims) == list(range(rank - len(dims), rank)):
-                rec.site.normalized_shape = [in_shape[d] for d in dims]
-        rec.site.eps = eps
-        rec.site.compute_dtype = _dtype_str(dtype(stat))
-        rec.hints.update(how_eps=how, variance=info["variance"], centered=info["centered"],
-                         applied_by=op_name(applied), affine_chain=[op_name(c) for c in chain])
-        params = [p for p in (rec.module_obj.parameters(recurse=False) if rec.module_obj is not None else [])
-                  if p.dim() == 1]
-        rec.site.affine_weight = any(op_name(c) == "mul" for c in chain) or None
-        rec.site.affine_bias = any(op_name(c) == "add" for c in chain) or (False if params else None)
-        records.append(rec)
+        add_pattern(owner(node, modules), node, stat, applied, info["source"], info["dims"], info["centered"],
+                    info["variance"], eps, how)
 
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     records.sort(key=lambda r: min((order[n] for n in r.nodes), default=len(order)))
