@@ -19,6 +19,7 @@ from torch import nn
 
 from conftest import audit_file, audit_model, site
 from normaudit.capture import capture_model
+from normaudit.capture.ir import op_name
 from normaudit.engine.evaluator import evaluate
 from normaudit.engine.loader import builtin_rules_dir, load_rule_file
 from normaudit.facts.placement import analyse
@@ -276,3 +277,118 @@ def test_module_docstring_example_runs():
 
     result = doctest.testmod(placement, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
+
+
+# -- regressions ---------------------------------------------------------------------------------------------
+class _FusedQKV(nn.Module):
+    """nanoGPT attention: fused qkv Linear, .split, shapes read from the block input, sdpa."""
+
+    def __init__(self, d=32, h=4):
+        super().__init__()
+        self.h, self.qkv, self.o = h, nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class _SeparateQKV(nn.Module):
+    """Separate q/k/v Linears; with ``qk_norm`` a norm on q and k after their projection (Qwen3, OLMo2);
+    ``manual`` computes the scores with matmul instead of sdpa."""
+
+    def __init__(self, d=32, h=4, qk_norm=False, manual=False):
+        super().__init__()
+        self.h, self.manual = h, manual
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.q_norm = nn.RMSNorm(d // h) if qk_norm else None
+        self.k_norm = nn.RMSNorm(d // h) if qk_norm else None
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k = self.q(x).view(B, T, self.h, -1), self.k(x).view(B, T, self.h, -1)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        v = self.v(x).view(B, T, self.h, -1).transpose(1, 2)
+        if self.manual:
+            y = torch.softmax(q @ k.transpose(-2, -1) / (C // self.h) ** 0.5, dim=-1) @ v
+        else:
+            y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(B, T, C))
+
+
+class _GPTBlock(nn.Module):
+    def __init__(self, attn, d=32):
+        super().__init__()
+        self.ln_1, self.attn, self.ln_2 = nn.LayerNorm(d), attn, nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class _GPT(nn.Module):
+    def __init__(self, make_attn, d=32, layers=2):
+        super().__init__()
+        self.wte = nn.Embedding(100, d)
+        self.h = nn.ModuleList(_GPTBlock(make_attn()) for _ in range(layers))
+        self.ln_f, self.head = nn.LayerNorm(d), nn.Linear(d, 100, bias=False)
+
+    def forward(self, idx):
+        x = self.wte(idx)
+        for b in self.h:
+            x = b(x)
+        return self.head(self.ln_f(x))
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+@pytest.mark.parametrize("attn,qk", [
+    (_FusedQKV, False),
+    (_SeparateQKV, False),
+    (lambda: _SeparateQKV(manual=True), False),
+    (lambda: _SeparateQKV(qk_norm=True), True),
+    (lambda: _SeparateQKV(qk_norm=True, manual=True), True),
+], ids=["fused_qkv", "separate_qkv", "separate_qkv_matmul", "qk_norm", "qk_norm_matmul"])
+def test_qk_only_after_the_projection(attn, qk, method):
+    """The block input feeding the q/k/v projections is ``pre`` even though its .shape sizes the q/k views;
+    ``qk`` only for norms on queries/keys after their projection."""
+    torch.manual_seed(0)
+    got = _placements(_GPT(attn), (torch.randint(0, 100, (2, 16)),), method)
+    assert got is not None
+    placements = {(m, c): p for m, c, p, _, _ in got[0]}
+    expected = {}
+    for i in range(2):
+        expected[(f"h.{i}.ln_1", 0)] = expected[(f"h.{i}.ln_2", 0)] = "pre"
+        if qk:
+            expected[(f"h.{i}.attn.q_norm", 0)] = expected[(f"h.{i}.attn.k_norm", 0)] = "qk"
+    expected[("ln_f", 0)] = "final"
+    assert placements == expected
+    assert got[1]["placement"] == "pre" and got[1]["has_final_norm"] is True
+
+
+def test_t5_float16_clamp_is_looked_through(placement_rules):
+    """T5 in float16 clamps the stream (torch.where(isinf(x).any(), ...), torch.clamp) after every sublayer,
+    also between the last block and final_layer_norm: the final norms stay final, NP101 stays silent."""
+    model = _hf("T5Config", "T5Model", d_model=32, d_ff=64, num_layers=2, num_heads=4, d_kv=8, vocab_size=100)
+    inputs, _ = infer_inputs(model)
+    cap = capture_model(model, inputs, on_meta=True, dtype=torch.float16)
+    assert cap.gm is not None and cap.method == "export"
+    assert any(op_name(n) == "clamp" for n in cap.gm.graph.nodes), "the float16 guard is in the graph"
+    records = discover_sites(cap)
+    facts = ModelFacts(class_name="T5Model")
+    analyse(cap, records, facts)
+    expected = {}
+    for stack, sublayers in (("encoder", 2), ("decoder", 3)):
+        for i in range(2):
+            for j in range(sublayers):
+                expected[f"{stack}.block.{i}.layer.{j}.layer_norm"] = "pre"
+        expected[f"{stack}.final_layer_norm"] = "final"
+    assert {r.site.module: r.site.placement for r in records} == expected
+    assert facts.placement == "pre" and facts.has_final_norm is True
+    assert not any("unnormed_stream_end" in r.site.extra for r in records)
+    sites = [r.site for r in records]
+    assert evaluate(list(placement_rules.values()), sites, facts, model_config(model) or {}, "config", {}) == []

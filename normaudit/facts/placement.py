@@ -12,7 +12,8 @@ The pass reads the canonical IR (:mod:`normaudit.capture.ir`), so symbolically t
 placeholders, ``nn_module_stack`` on every node) give the same answer.
 
 1. **Residual adds.** ``add(a, b)`` (same shape on both sides and the result) is residual when ``b`` (the
-   branch) is computed from ``a`` (the skip, seen through casts, dropout, clones and views) through at
+   branch) is computed from ``a`` (the skip, seen through casts, dropout, clones, views and overflow
+   guards such as T5's float16 ``clamp``) through at
    least one *weighted* op (a linear/conv/embedding/matmul with a parameter, a ``call_module`` with
    parameters) that is not part of a norm. The branch may read an earlier value of the stream than the one
    it is added to (``x + attn(ln1(x)) + mlp(ln2(x))``): the skip's chain of residual adds is searched.
@@ -24,7 +25,8 @@ placeholders, ``nn_module_stack`` on every node) give the same answer.
 2. **Site placement** (``Site.placement``), in this order:
    ``none`` for every norm of a model without residual adds;
    ``qk``: the norm's output reaches attention scores (``scaled_dot_product_attention`` or an
-   activation-activation ``matmul``) without any weighted op in between;
+   activation-activation ``matmul``) as tensor data without any weighted op in between (its ``.shape``
+   sizing the q/k views of a projection does not count: that is the block input, ``pre``);
    ``sandwich``: the norm lies inside a residual branch and its output *is* the branch (up to casts,
    dropout, views, drop-path, layer-scale); ``pre``: inside a residual branch otherwise
    (``branch_position`` ``input`` when it reads the stream value the branch reads, ``inner`` when deeper,
@@ -44,7 +46,8 @@ placeholders, ``nn_module_stack`` on every node) give the same answer.
 
 Per-site facts in ``Site.extra`` (present only when they apply): ``branch_position``; ``skip_from_norm``
 (the norm's output is the skip of a residual add of its own block although the norm does not close a
-sublayer of that block: ``x = norm(x); x = x + f(x)``); ``feeds_norm`` / ``reads_norm`` (the module of a
+sublayer of that block: ``x = norm(x); x = x + f(x)``, unless that add is itself closed by a ``post`` norm,
+``x = ln(x + f(x))``, as in any post-LN stack, blocks as submodules or not); ``feeds_norm`` / ``reads_norm`` (the module of a
 norm that is the only consumer of / the only input to this one, with nothing but casts and views
 between); ``majority_placement`` and ``majority_blocks`` (the role of the same norm in most blocks of
 the same class, when this one differs); ``unnormed_stream_end`` on the norms in the branch of a stack's
@@ -82,6 +85,9 @@ from normaudit.report import Block, ModelFacts
 #: value-preserving reshapes the stream may pass through between a norm/residual add and its user
 VIEW_OPS = ("view", "permute", "transpose", "flatten", "unflatten", "squeeze", "unsqueeze", "movedim",
             "expand", "expand_as")
+#: overflow guards that keep the stream's values (within range) and its shape: T5's float16
+#: ``clamp(x, -c, c)`` between sublayers and before the final norm, ``nan_to_num``
+GUARD_OPS = ("clamp", "clamp_", "clamp_min", "clamp_max", "clip", "nan_to_num")
 #: pooling a projection shortcut may apply before its 1x1 conv (ResNet-D)
 POOL_OPS = ("avg_pool1d", "avg_pool2d", "avg_pool3d", "max_pool1d", "max_pool2d", "max_pool3d",
             "adaptive_avg_pool2d")
@@ -260,14 +266,14 @@ def _resolve_attr(root: nn.Module, target: str) -> Any:
 
 
 def stream_strip(node: Any, modules: Optional[dict[str, nn.Module]] = None) -> Any:
-    """Follow casts, clones, dropout and views back to the value they carry (the stream seen through
+    """Follow casts, clones, dropout, views and overflow guards (clamp) back to the value they carry (the stream seen through
     aliases). With ``modules``, parameter-free ``nn.Dropout``/``nn.Identity`` modules called as
     ``call_module`` nodes (symbolic tracing) are looked through too, as export's dropout ops are."""
     for _ in range(32):
         if not isinstance(node, fx.Node) or not node.args or not isinstance(node.args[0], fx.Node):
             return node
         name = op_name(node)
-        if name in NEUTRAL_OPS or name in VIEW_OPS or name == "type_as":
+        if name in NEUTRAL_OPS or name in VIEW_OPS or name in GUARD_OPS or name == "type_as":
             node = node.args[0]
             continue
         if name == "module" and modules is not None and isinstance(modules.get(str(node.target)), NEUTRAL_MODULES):
@@ -486,8 +492,8 @@ def _reaches_scores(g: _Graph, start: fx.Node, residual: dict[fx.Node, ResidualA
     while todo:
         n = todo.popleft()
         for u in n.users:
-            if u in seen:
-                continue
+            if u in seen or n not in g.inputs[u]:
+                continue  # only tensor data flow: x.shape/x.size() feeding a view of q/k is not q/k itself
             seen.add(u)
             name = op_name(u)
             if u in residual or u.op == "output":
@@ -606,6 +612,7 @@ def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
             branch_norms[a.node].append(info)
 
     # pass 2: norms on the stream
+    skip_from_norm: list[tuple[_SiteInfo, ResidualAdd]] = []
     for info in infos:
         if info.placement != "unknown" or info.inp is None or info.out is None:
             continue
@@ -618,7 +625,7 @@ def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
             info.placement = "post" if (info.block is not None or after_add) else "embedding"
             closes = info.inp in residual and residual[info.inp].block == info.block
             if direct[0].block == info.block and not closes:
-                info.rec.site.extra["skip_from_norm"] = True
+                skip_from_norm.append((info, direct[0]))
         elif ahead:
             info.placement = "embedding"  # feeds a projection that (re-)embeds the stream (patch merging)
         elif not after_add:
@@ -627,6 +634,14 @@ def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
             info.placement = "post"  # LayerNorm(x + f(x)) closing the last sublayer
         else:
             info.placement = "final"
+
+    # a norm output as the skip is the fault only when the add it feeds is not itself closed by a post norm:
+    # in a post-LN stack (x = ln(x + f(x))) the stream is the output of a norm everywhere, the embedding norm
+    # included, whether or not the layers are submodules
+    post_inputs = {i.inp for i in infos if i.placement == "post" and i.inp is not None}
+    for info, add in skip_from_norm:
+        if add.node not in post_inputs:
+            info.rec.site.extra["skip_from_norm"] = True
 
     for info in infos:
         info.rec.site.placement = info.placement  # type: ignore[assignment]
