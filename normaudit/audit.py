@@ -75,7 +75,6 @@ def build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule
     if path is None:
         return _build_report(opts, mua, rules, None)
     with open_checkpoint(path) as ckpt:
-        mua.notes = [n for n in mua.notes if not n.startswith("weights in the directory")]
         return _build_report(opts, mua, rules, ckpt)
 
 
@@ -103,9 +102,8 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
     if own_config:
         # A config owned by a library (transformers' PretrainedConfig) comes with code that may keep another
         # eps on purpose; a plain dict/dataclass on a user's model is the user's own statement of intent.
-        library = type(getattr(mua.model, "config", None)).__module__.split(".")[0] == "transformers"
         config, config_source = dict(own_config), "the model's own config"
-        config_origin = "library" if library else "model"
+        config_origin = "library" if _library_config(mua.model) else "model"
     if opts.config:
         config, config_source, config_origin = load_config(opts.config), Path(opts.config).name, "cli"
     if opts.config_data is not None:

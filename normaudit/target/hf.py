@@ -146,9 +146,6 @@ def load_hf_target(path: Path):
     finally:
         sys.dont_write_bytecode = old
     weights = weight_files(path) if is_dir else []
-    notes = []
-    if weights:
-        notes.append(f"weights in the directory ({', '.join(weights[:3])}{', ...' if len(weights) > 3 else ''}) "
-                     "were not read: the model was built from config.json alone")
+    # Weights beside the config are audited as the model's checkpoint (normaudit.audit.checkpoint_path).
     return ModelUnderAudit(model=model, inputs=None, on_meta=True, kind="hf_dir" if is_dir else "hf_config",
-                           factory=f"{name}.from_config", file=str(config_file), weights=weights, notes=notes)
+                           factory=f"{name}.from_config", file=str(config_file), weights=weights)
