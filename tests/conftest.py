@@ -1,7 +1,6 @@
 """Shared test helpers: audit a model file or an in-memory model and get the pydantic Report."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -51,6 +50,30 @@ def flagged(report, rule_id: Optional[str] = None, category: Optional[str] = Non
 def loud(report):
     """Findings at warning or error."""
     return [(f.rule_id, f.module, f.message) for f in report.findings if f.severity in ("warning", "error")]
+
+
+def family_rules(family: str) -> dict:
+    """Only the shipped rules of one family folder (``rules/<family>/``), by id: tests of a family must not
+    depend on other families' rules."""
+    from normaudit.engine.loader import builtin_rules_dir, load_rule_file
+
+    rules = [load_rule_file(p) for p in sorted((builtin_rules_dir() / family).glob("*.yaml"))]
+    return {r.id: r for r in rules}
+
+
+def load_fixture_module(path: Path):
+    """Import a fixture file as a module (its folder on sys.path meanwhile, for sibling imports)."""
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec = importlib.util.spec_from_file_location(f"{path.parent.name}_fixture_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(path.parent))
 
 
 requires_cases = pytest.mark.skipif(not CASES.is_dir(), reason="shared/cases not found beside the checkout")

@@ -6,15 +6,12 @@ written by the fixture's ``make_checkpoint(model, path)`` into a temporary direc
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import CASES, audit_file, requires_cases, site
-from normaudit.engine.loader import builtin_rules_dir, load_rule_file
+from conftest import CASES, audit_file, family_rules, load_fixture_module, requires_cases, site
 from normaudit.facts.eps import EPS_KEYS, eps_dtype_of, find_eps_key, rounded
 from normaudit.report import Formula, Site
 
@@ -24,19 +21,10 @@ FIXTURES = Path(__file__).parent / "fixtures" / "eps"
 @pytest.fixture(scope="module")
 def eps_rules():
     """Only the eps rules: these tests must not depend on other families' rules."""
-    rules = [load_rule_file(p) for p in sorted((builtin_rules_dir() / "eps").glob("*.yaml"))]
-    return {r.id: r for r in rules}
+    return family_rules("eps")
 
 
-def load_fixture(path: Path):
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec = importlib.util.spec_from_file_location(f"{path.parent.name}_fixture_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(path.parent))
+load_fixture = load_fixture_module
 
 
 def audit_fixture(path: Path, rules, tmp_path: Path):

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import CASES, audit_file, audit_model, loud, requires_cases, site
+from conftest import CASES, audit_file, audit_model, load_fixture_module, loud, requires_cases, site
 from normaudit.engine.evaluator import evaluate
 from normaudit.engine.loader import load_rule_file
 from normaudit.facts import formula as formula_pass
@@ -274,9 +273,7 @@ def test_eps_after_explicit_sqrt_is_a_site():
 def _fixture_runs():
     out = []
     for path in sorted(FIXTURES.glob("N[A-Z][0-9][0-9][0-9]_*.py")):
-        spec = importlib.util.spec_from_file_location(f"nt_fixture_{path.stem}", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        mod = load_fixture_module(path)
         for i, run in enumerate(mod.EXPECT):
             out.append(pytest.param(path, run, id=f"{path.stem}-{i}"))
     return out

@@ -9,19 +9,16 @@
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from conftest import audit_file, audit_model, site
+from conftest import audit_file, audit_model, family_rules, load_fixture_module, site
 from normaudit.capture import capture_model
 from normaudit.capture.ir import op_name
 from normaudit.engine.evaluator import evaluate
-from normaudit.engine.loader import builtin_rules_dir, load_rule_file
 from normaudit.facts.placement import analyse
 from normaudit.facts.sites import discover_sites
 from normaudit.report import ModelFacts
@@ -35,19 +32,10 @@ RANK = {"info": 0, "warning": 1, "error": 2}
 @pytest.fixture(scope="module")
 def placement_rules():
     """Only the placement rules: these tests must not depend on other families' rules."""
-    rules = [load_rule_file(p) for p in sorted((builtin_rules_dir() / "placement").glob("*.yaml"))]
-    return {r.id: r for r in rules}
+    return family_rules("placement")
 
 
-def _load(path: Path):
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec = importlib.util.spec_from_file_location(f"placement_fixture_{path.stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(path.parent))
+_load = load_fixture_module
 
 
 def _cases():

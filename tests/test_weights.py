@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from conftest import audit_file, audit_model, site
+from conftest import audit_file, audit_model, family_rules, site
 from normaudit.capture import capture_model
-from normaudit.engine.loader import builtin_rules_dir, load_rule_file, load_rules
+from normaudit.engine.loader import load_rules
 from normaudit.facts.sites import discover_sites
 from normaudit.facts.weights import param_roles, site_param_names
 from normaudit.render.text import render as render_text
@@ -29,8 +29,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "checkpoint"
 @pytest.fixture(scope="module")
 def ckpt_rules():
     """Only the checkpoint rules: these tests must not depend on other families' rules."""
-    rules = [load_rule_file(p) for p in sorted((builtin_rules_dir() / "checkpoint").glob("*.yaml"))]
-    return {r.id: r for r in rules}
+    return family_rules("checkpoint")
 
 
 @pytest.mark.parametrize("path", fixture_params(FIXTURES, "NC"))
