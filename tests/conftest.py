@@ -11,7 +11,10 @@ from normaudit.engine.loader import load_rules
 from normaudit.target import ModelUnderAudit
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = ROOT.parent / "shared" / "cases"
+#: The reference cases (real public bug reports), copied from ``../shared/cases`` so the suite runs in a
+#: clone without ``../shared`` beside it; ``test_cases.py`` checks the copy is current when it is there.
+CASES = ROOT / "tests" / "data" / "cases"
+SHARED_CASES = ROOT.parent / "shared" / "cases"
 
 
 @pytest.fixture(scope="session")
@@ -76,4 +79,4 @@ def load_fixture_module(path: Path):
         sys.path.remove(str(path.parent))
 
 
-requires_cases = pytest.mark.skipif(not CASES.is_dir(), reason="shared/cases not found beside the checkout")
+requires_cases = pytest.mark.skipif(not CASES.is_dir(), reason="tests/data/cases not found")

@@ -45,7 +45,7 @@ def test_batch_of_one_error_quotes_pytorch(my_rules):
                                                        "got input size torch.Size([1, 16])")
 
 
-@pytest.mark.skipif(not (CASES / "N27_bn_batch1").is_dir(), reason="shared/cases not found")
+@pytest.mark.skipif(not (CASES / "N27_bn_batch1").is_dir(), reason="tests/data/cases not found")
 def test_n27_case(my_rules):
     r = audit_file(CASES / "N27_bn_batch1" / "model.py", my_rules)
     assert [(f.rule_id, f.module, f.severity) for f in r.findings] == [("NB101", "1", "error")]

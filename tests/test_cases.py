@@ -85,3 +85,73 @@ def test_n30_groupnorm_groups_is_a_usage_error(tmp_path):
     assert "\n" not in line and "Traceback" not in line
     assert line == ("normaudit: error: model.py:11: build_model() failed: ValueError: num_channels (16) must be "
                     "divisible by num_groups (32) (raised in torch.nn GroupNorm)")
+
+
+# --- Every case of the manifest, as the case runner reads it (in-process: one torch import) -------------------
+
+import json
+import filecmp
+
+import yaml
+
+from conftest import SHARED_CASES
+
+RANK = {"info": 0, "warning": 1, "error": 2}
+MANIFEST = yaml.safe_load((CASES / "manifest.yaml").read_text())["cases"] if CASES.is_dir() else {}
+
+
+def _run_case(name: str, capsys, monkeypatch) -> tuple[int, dict, str]:
+    from normaudit.cli import main
+
+    spec = MANIFEST[name]
+    monkeypatch.chdir(CASES / name)
+    code = main(["model.py", "--format", "json"] + [str(a) for a in spec.get("args", [])])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if out.strip() else {}), err
+
+
+@pytest.mark.parametrize("name", sorted(MANIFEST))
+def test_manifest_case(name, capsys, monkeypatch):
+    """What ../shared/cases/run_cases.py checks, per case: exit, expected findings, silence, sites, model facts."""
+    spec = MANIFEST[name]
+    code, report, err = _run_case(name, capsys, monkeypatch)
+    if "exit" in spec:
+        assert code == spec["exit"]
+        for text in spec.get("stderr_contains", []):
+            assert text in err
+        return
+    assert code in (0, 1), err
+    findings = report["findings"]
+    for exp in spec.get("expect", []):
+        cats = exp["category"] if isinstance(exp["category"], list) else [exp["category"]]
+        hit = sorted({f["module"] for f in findings
+                      if f["category"] in cats and RANK[f["severity"]] >= RANK[exp["severity"]]})
+        if exp["modules"] == "any":
+            assert hit, f"no {cats} finding at {exp['severity']}+"
+        else:
+            assert set(exp["modules"]) <= set(hit), (exp, hit)
+    flagged_loud = {f["module"] for f in findings if RANK[f["severity"]] >= RANK["warning"]}
+    for module in spec.get("not_flagged", []):
+        assert module not in flagged_loud
+    if spec.get("silent"):
+        assert [f for f in findings if RANK[f["severity"]] >= RANK["warning"]] == []
+    sites = {s["module"]: s for s in report["sites"]}
+    for exp in spec.get("sites", []):
+        for key, want in exp.items():
+            assert sites[exp["module"]][key] == want, (exp["module"], key)
+    for key, want in spec.get("model", {}).items():
+        assert report["model"][key] == want
+
+
+@pytest.mark.skipif(not SHARED_CASES.is_dir(), reason="../shared/cases not beside the checkout")
+def test_copied_cases_are_current():
+    """tests/data/cases is a copy of ../shared/cases (so the suite runs without it); keep it current."""
+    names = sorted(p.name for p in SHARED_CASES.iterdir() if p.name != "run_cases.py" and not p.name.startswith("."))
+    ours = sorted(p.name for p in CASES.iterdir() if not p.name.startswith(".") and p.name != "__pycache__")
+    assert ours == names
+    for name in names:
+        cmp = filecmp.dircmp(SHARED_CASES / name, CASES / name) if (CASES / name).is_dir() else None
+        if cmp is None:
+            assert filecmp.cmp(SHARED_CASES / name, CASES / name, shallow=False)
+        else:
+            assert not cmp.left_only and not cmp.right_only and not cmp.diff_files, name
