@@ -113,7 +113,7 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
         config, config_source, config_origin = dict(ckpt_config.data), ckpt_config.source, ckpt_config.origin
     config_sources = [s for s in (ConfigSource("cli", config_source, config) if config_origin == "cli" else None,
                                   ckpt_config, own_config_source(mua.model, own_config)) if s is not None]
-    declared = parse_input_axes(opts.input_axes) if opts.input_axes else None
+    declared = parse_input_axes(opts.input_axes, inputs) if opts.input_axes else None
     batch = opts.batch_size
     if batch is None:
         first = next(iter(inputs.values())) if isinstance(inputs, dict) else (inputs[0] if inputs else None)

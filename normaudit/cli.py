@@ -419,7 +419,7 @@ def _cmd_audit(argv: Sequence[str]) -> int:
             _check_selectors(getattr(first, name), rules, name, settings, name)
     for glob, codes in settings.per_module_ignores.items():
         _check_selectors(codes, rules, f"per-module-ignores {glob!r}", settings, glob)
-    if args.input_axes:
+    if args.input_axes is not None:
         from normaudit.facts.axes import parse_input_axes
 
         try:

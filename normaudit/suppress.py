@@ -14,8 +14,16 @@ parenthesis::
     self.norm = nn.LayerNorm(
         d,
     )                                      # normaudit: ignore[NE101]
- Codes are rule ids (``NE101``) or rule names
-(``eps-differs-from-config``); a bare ``ignore`` suppresses every rule on that statement.
+
+A comment applies to the module(s) constructed on its line only. The children of a torch.nn container
+written out in one statement (``nn.Sequential(a, b)``, ``nn.ModuleList([a, b])``, ``nn.ModuleDict({"a": a})``,
+``nn.Sequential(OrderedDict(...))``) are registered by the container, so the model records the container's
+first line for each of them; the child is located again in the statement by its name in the module path
+(``features.9`` is the tenth argument of ``self.features = nn.Sequential(...)``), and a comment on the
+container's last line covers only the child(ren) built on that line, not the whole statement.
+
+Codes are rule ids (``NE101``) or rule names (``eps-differs-from-config``); a bare ``ignore`` suppresses
+every rule on that statement.
 
 Per-module ignores (settings ``per-module-ignores = {"encoder.layers.*" = ["NE101"]}``) drop findings
 whose module path matches the glob (``fnmatch``; ``*`` also crosses dots) and whose rule matches an id,
@@ -64,11 +72,95 @@ class Suppression:
 
 @dataclass
 class _FileIndex:
+    """The suppression comments of one file, and its torch.nn container statements (first line -> calls)."""
+
     suppressions: list[Suppression]
+    containers: dict[int, list[tuple[ast.Call, Optional[str]]]] = field(default_factory=dict)
 
     def covering(self, line: int) -> list[Suppression]:
         """The suppressions that apply to a finding or site at ``line``."""
         return [s for s in self.suppressions if line in s.lines]
+
+    def construction_line(self, line: int, module: str) -> int:
+        """The line constructing ``module`` when ``line`` is the first line of a container statement that
+        registered it (see the module docstring); ``line`` itself otherwise.
+
+        ``module`` is the dotted path ``named_modules()`` gives; the path components after the name the
+        container is assigned to (``self.features = ...`` -> ``features``) select the child, else the last
+        component does.
+        """
+        parts = module.split(".") if module else []
+        for call, target in self.containers.get(line, []):
+            if target is not None and target in parts:
+                rest = parts[len(parts) - parts[::-1].index(target):]
+            else:
+                rest = parts[-1:]
+            node: ast.expr = call
+            for key in rest:
+                children = _children(node) if isinstance(node, ast.Call) else None
+                if children is None or key not in children:
+                    break
+                node = children[key]
+            if node is not call:
+                return node.lineno
+        return line
+
+
+_CONTAINERS = ("Sequential", "ModuleList", "ModuleDict")
+
+
+def _callee(call: ast.Call) -> Optional[str]:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+
+
+def _pairs(node: ast.expr) -> Optional[dict[str, ast.expr]]:
+    """``{"a": x}`` or ``[("a", x), ...]`` with string-constant keys, as ``key -> expression``."""
+    if isinstance(node, ast.Dict):
+        if not all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in node.keys):
+            return None
+        return {k.value: v for k, v in zip(node.keys, node.values)}
+    if isinstance(node, (ast.List, ast.Tuple)):
+        out = {}
+        for elt in node.elts:
+            if not (isinstance(elt, ast.Tuple) and len(elt.elts) == 2 and isinstance(elt.elts[0], ast.Constant)
+                    and isinstance(elt.elts[0].value, str)):
+                return None
+            out[elt.elts[0].value] = elt.elts[1]
+        return out
+    return None
+
+
+def _children(call: ast.Call) -> Optional[dict[str, ast.expr]]:
+    """The children a torch.nn container call writes out literally, by the name ``named_modules()`` gives
+    them (``"0"``, ``"1"``... or the dict keys); None for any other call or a non-literal argument
+    (``nn.Sequential(*layers)``, ``nn.ModuleList([Block() for _ in range(n)])``)."""
+    name = _callee(call)
+    if name not in _CONTAINERS or call.keywords or any(isinstance(a, ast.Starred) for a in call.args):
+        return None
+    args = call.args
+    if name == "Sequential":
+        if len(args) == 1 and isinstance(args[0], ast.Call) and _callee(args[0]) == "OrderedDict":
+            inner = args[0].args
+            return _pairs(inner[0]) if len(inner) == 1 and not args[0].keywords else None
+        return {str(i): a for i, a in enumerate(args)} or None
+    if len(args) != 1:
+        return None
+    if name == "ModuleList":
+        elts = args[0].elts if isinstance(args[0], (ast.List, ast.Tuple)) else None
+        if elts is None or any(isinstance(e, ast.Starred) for e in elts):
+            return None
+        return {str(i): e for i, e in enumerate(elts)} or None
+    return _pairs(args[0]) or None
+
+
+def _assigned_name(stmt: ast.AST) -> Optional[str]:
+    """The attribute or variable a single-target assignment binds (``self.features = ...`` -> ``features``)."""
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+    if len(targets) != 1:
+        return None
+    t = targets[0]
+    return t.attr if isinstance(t, ast.Attribute) else t.id if isinstance(t, ast.Name) else None
 
 
 def parse_comment(comment: str) -> Optional[tuple[str, Optional[list[str]]]]:
@@ -89,24 +181,35 @@ def parse_comment(comment: str) -> Optional[tuple[str, Optional[list[str]]]]:
     return m.group(0), (codes or None)
 
 
-def _call_starts(text: str) -> dict[int, set[int]]:
-    """``closing line -> first lines`` of the calls that span several lines (``f(\n  x,\n)``)."""
+def _statements(text: str) -> tuple[dict[int, set[int]], dict[int, list[tuple[ast.Call, Optional[str]]]]]:
+    """``closing line -> first lines`` of the calls that span several lines (``f(\n  x,\n)``), and
+    ``first line -> [(container call, assigned name)]`` of the torch.nn container calls that write their
+    children out (outermost first). A container's closing line does not cover its first line: its children
+    are located by :meth:`_FileIndex.construction_line` instead."""
     starts: dict[int, set[int]] = {}
+    containers: dict[int, list[tuple[ast.Call, Optional[str]]]] = {}
     try:
         tree = ast.parse(text)
-    except (SyntaxError, ValueError):
-        return starts
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return starts, containers
+    names: dict[int, Optional[str]] = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            end = getattr(node, "end_lineno", None)
-            if end is not None and end != node.lineno:
-                starts.setdefault(end, set()).add(node.lineno)
-    return starts
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call):
+            names[id(node.value)] = _assigned_name(node)
+        if not isinstance(node, ast.Call):
+            continue
+        if _children(node) is not None:
+            containers.setdefault(node.lineno, []).append((node, names.get(id(node))))
+            continue
+        end = getattr(node, "end_lineno", None)
+        if end is not None and end != node.lineno:
+            starts.setdefault(end, set()).add(node.lineno)
+    return starts, containers
 
 
 def scan_source(text: str, file: str = "<string>") -> _FileIndex:
     """Find the suppression comments of one source text (real comments only, not text inside strings)."""
-    starts = _call_starts(text)
+    starts, containers = _statements(text)
     found: list[Suppression] = []
 
     def add(line: int, comment: str) -> None:
@@ -124,7 +227,7 @@ def scan_source(text: str, file: str = "<string>") -> _FileIndex:
         for i, line_text in enumerate(text.splitlines(), 1):
             if "#" in line_text:
                 add(i, line_text[line_text.index("#"):])
-    return _FileIndex(suppressions=found)
+    return _FileIndex(suppressions=found, containers=containers)
 
 
 class SuppressionIndex:
@@ -163,6 +266,15 @@ class SuppressionIndex:
         idx = self.file(loc.file)
         return idx.covering(loc.line) if idx is not None else []
 
+    def construction(self, loc: Optional[SourceLocation], module: str) -> Optional[SourceLocation]:
+        """``loc`` moved to the line that constructs ``module`` when ``loc`` is the first line of a torch.nn
+        container statement written out over several lines (:meth:`_FileIndex.construction_line`)."""
+        if loc is None or not loc.file or not loc.line:
+            return loc
+        idx = self.file(loc.file)
+        line = idx.construction_line(loc.line, module) if idx is not None else loc.line
+        return loc if line == loc.line else SourceLocation(file=loc.file, line=line)
+
     def all(self) -> Iterable[Suppression]:
         for idx in self._files.values():
             if idx is not None:
@@ -182,11 +294,14 @@ def _code_matches(code: str, finding: Finding) -> bool:
     return code.upper() == finding.rule_id or code == finding.rule_name
 
 
-def _locations(finding: Finding, sites_by_module: dict[str, list[Site]]) -> list[SourceLocation]:
+def _locations(finding: Finding, sites_by_module: dict[str, list[Site]], index: SuppressionIndex) -> list[SourceLocation]:
+    """The lines a comment suppressing ``finding`` may sit on: its source and its module's sites' source,
+    definition, call and computation lines, each moved to the child's own line within a container statement."""
     locs = [finding.source] if finding.source is not None else []
     for site in sites_by_module.get(finding.module, []):
-        locs += [loc for loc in (site.source, site.definition, site.call) if loc is not None]
-    return locs
+        locs += [loc for loc in (site.source, site.definition, site.call, getattr(site, "computation", None))
+                 if loc is not None]
+    return [index.construction(loc, finding.module) for loc in locs]
 
 
 @dataclass
@@ -263,14 +378,15 @@ def filter_findings(findings: list[Finding], *, sites: list[Site], model: ModelF
     site_lines: dict[tuple[str, int], str] = {}
     for site in sites:
         sites_by_module.setdefault(site.module, []).append(site)
-        for loc in (site.source, site.definition, site.call):
+        for loc in (site.source, site.definition, site.call, getattr(site, "computation", None)):
             if loc is not None and loc.file and loc.line and index.file(loc.file) is not None:
+                loc = index.construction(loc, site.module)
                 site_lines.setdefault((index.key(loc.file), loc.line), site.module)
     result = FilterResult(findings=[])
     kept: list[Finding] = []
     for f in findings:
         hit = False
-        for loc in _locations(f, sites_by_module):
+        for loc in _locations(f, sites_by_module, index):
             for s in index.at(loc):
                 if s.codes is None:
                     s.used_bare = hit = True
@@ -282,7 +398,8 @@ def filter_findings(findings: list[Finding], *, sites: list[Site], model: ModelF
         if hit:
             result.by_comment += 1
         else:
-            kept.append(f)
+            source = index.construction(f.source, f.module)
+            kept.append(f if source is f.source else f.model_copy(update={"source": source}))
     result.unused = _unused_facts(index, rules, active_ids, site_lines, target_file)
     unused_rule = rules.get(UNUSED_RULE)
     if unused_rule is not None and UNUSED_RULE in active_ids:

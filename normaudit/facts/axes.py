@@ -136,19 +136,34 @@ def _unknowns(out_shape: Optional[Sequence[int]]) -> Optional[list[Dim]]:
 
 
 # --------------------------------------------------------------------------------------------- inputs
-def parse_input_axes(spec: str) -> list[Label]:
+def parse_input_axes(spec: str, inputs: Any = None) -> list[Label]:
     """Parse ``"B,C,H,W"`` or ``"batch,channel,height,width"`` into labels (one per dim of the first input).
 
     Letters: B/N batch, S/T/L sequence, C channel, H height, W width, D depth, F/E feature, K head.
-    Raises ValueError naming the unknown axis.
+    Raises ValueError naming the unknown axis, or for an empty spec (or an empty axis, ``"B,,C"``).
+    With ``inputs`` (the model's example inputs: a tuple of positional inputs or a dict of keyword inputs),
+    the number of axes must equal the rank of the first input when that is a tensor; otherwise raises
+    :class:`normaudit.errors.UsageError` naming both ranks and the input's shape (exit status 2), since the
+    declaration would otherwise be silently ignored.
     """
+    from normaudit.errors import UsageError
+
+    if not spec.strip():
+        raise ValueError("no axes given; give one axis per dim of the model's first input, e.g. B,C,H,W")
     out = []
     for part in spec.split(","):
         part = part.strip()
+        if not part:
+            raise ValueError(f"empty axis in {spec!r}; give one axis per dim, e.g. B,C,H,W")
         name = LETTERS.get(part.upper(), part.lower()) if len(part) == 1 else part.lower()
         if name not in BASE:
             raise ValueError(f"unknown axis {part!r}; use one of B,S,C,H,W,D,F or {', '.join(BASE)}")
         out.append((name,))
+    first = next(iter(inputs.values()), None) if isinstance(inputs, dict) else (
+        inputs[0] if isinstance(inputs, (tuple, list)) and inputs else inputs)
+    if isinstance(first, torch.Tensor) and first.dim() != len(out):
+        raise UsageError(f"--input-axes {spec} has {len(out)} ax{'is' if len(out) == 1 else 'es'} but the model's "
+                         f"first input has rank {first.dim()} (shape {list(first.shape)})")
     return out
 
 
@@ -746,7 +761,12 @@ def label_dims(cap: Capture, declared_inputs: Optional[list[Label]] = None) -> d
 
 def _fallback_safe(node: fx.Node) -> Any:
     out_shape = shape(node)
-    return _unknowns(out_shape) if out_shape is not None else _tensor_unknowns(val(node))
+    if out_shape is not None:
+        return _unknowns(out_shape)
+    try:
+        return _tensor_unknowns(val(node))
+    except RuntimeError:  # a data-dependent (unbacked) size: GuardOnDataDependentSymNode
+        return None
 
 
 def to_labels(dims: Any) -> Any:

@@ -18,6 +18,7 @@ from typing import Optional
 
 from normaudit.engine.schema import Rule
 from normaudit.render.sarif import source_path
+from normaudit.render.text import escape_char
 from normaudit.report import Finding, Report
 
 #: normaudit severity -> workflow command.
@@ -25,8 +26,17 @@ COMMANDS = {"error": "error", "warning": "warning", "info": "notice"}
 
 
 def escape_data(value: str) -> str:
-    """Escape a workflow command's message (the part after ``::``)."""
-    return value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    """Escape a workflow command's message (the part after ``::``) as the runner decodes it: ``%`` ->
+    ``%25``, CR -> ``%0D``, LF -> ``%0A``, so the message stays on the command's line. Other control
+    characters (ESC of ANSI/OSC sequences, BEL, bidi overrides), which the runner would pass to the log
+    raw, are written as escapes (``\\x1b``), as in text output
+    (:func:`normaudit.render.text.escape_control`).
+
+    >>> escape_data("100% ln\\n::error ::x\\x1b]0;t\\x07")
+    '100%25 ln%0A::error ::x\\\\x1b]0;t\\\\x07'
+    """
+    value = value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return value if value.isprintable() else "".join(escape_char(ch) for ch in value)
 
 
 def escape_property(value: str) -> str:

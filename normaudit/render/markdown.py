@@ -29,6 +29,7 @@ from typing import Optional
 
 from normaudit.engine.schema import Rule
 from normaudit.render.sarif import first_sentence, source_path
+from normaudit.render.text import escaped_report, guard_lines
 from normaudit.report import SEVERITY_RANK, Block, Finding, Report, Site, SourceLocation
 
 MAX_FINDING_ROWS = 200
@@ -365,8 +366,10 @@ def render(report: Report, rules: dict[str, Rule]) -> str:
     """Render ``report`` as Markdown for a pull-request comment.
 
     ``rules`` maps rule id -> :class:`Rule`; the rules that fired are summarised from their docs.
-    The output ends in a newline.
+    Every string of ``report`` is escaped first (:func:`normaudit.render.text.escape_control`: no control
+    character or workflow command reaches the comment or a CI log). The output ends in a newline.
     """
+    report = escaped_report(report)
     out = [f"## normaudit: {code(_target(report))}", ""]
     out += _summary(report)
     if report.notes:
@@ -386,4 +389,4 @@ def render(report: Report, rules: dict[str, Rule]) -> str:
     diagram = mermaid(report)
     if diagram is not None:
         out += ["", "### Block structure", "", "```mermaid", diagram, "```"]
-    return "\n".join(out) + "\n"
+    return guard_lines("\n".join(out)) + "\n"

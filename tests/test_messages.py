@@ -1,0 +1,214 @@
+"""Right message, right line, right scope (issue 11, items 4, 5, 6 and 10).
+
+- messages describe hand-written norms by what they compute and quote constructor arguments only for
+  torch.nn modules; formula findings point at the line in ``forward`` that computes the statistic;
+- one fault repeated in many layers is one group in text and markdown (one entry per module in JSON);
+- ``--input-axes`` with the wrong rank, or empty, is exit 2 naming both ranks;
+- a suppression on the last line of a multi-line ``nn.Sequential(...)`` covers only the modules built on
+  that line;
+- untrusted strings (checkpoint tensor names, messages, paths) reach the terminal with control characters
+  escaped, and GitHub workflow commands cannot be injected.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from normaudit.cli import main
+from normaudit.suppress import scan_source
+
+FIXTURES = Path(__file__).parent / "fixtures" / "messages"
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    """``main(argv)`` in-process; returns (exit status, stdout, stderr)."""
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def one_line_error(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("normaudit: error: "), err
+    return lines[0][len("normaudit: error: "):]
+
+
+def copy_fixture(name: str, tmp_path: Path) -> Path:
+    path = tmp_path / name
+    shutil.copy(FIXTURES / name, path)
+    return path
+
+
+def line_of(path: Path, text: str) -> int:
+    """The 1-based number of the only line of ``path`` containing ``text``."""
+    hits = [i for i, ln in enumerate(path.read_text().splitlines(), 1) if text in ln]
+    assert len(hits) == 1, (text, hits)
+    return hits[0]
+
+
+# ------------------------------------------------------------------------------------ item 5: --input-axes
+@pytest.mark.parametrize("axes, expected", [
+    ("B,C,H", "--input-axes B,C,H has 3 axes but the model's first input has rank 4 (shape [2, 3, 64, 64])"),
+    ("B,C,H,W,D", "--input-axes B,C,H,W,D has 5 axes but the model's first input has rank 4 (shape [2, 3, 64, 64])"),
+    ("", "--input-axes '': no axes given; give one axis per dim of the model's first input, e.g. B,C,H,W"),
+    ("B,,C,H", "--input-axes 'B,,C,H': empty axis in 'B,,C,H'; give one axis per dim, e.g. B,C,H,W"),
+])
+def test_input_axes_of_the_wrong_rank_or_empty_is_exit_2(capsys, tmp_path, axes, expected):
+    path = copy_fixture("cnn_suppress.py", tmp_path)
+    rc, out, err = run(capsys, path, "--batch-size", "1", "--isolated", "--input-axes", axes)
+    assert (rc, out) == (2, "")
+    assert one_line_error(err) == expected
+
+
+def test_input_axes_of_the_right_rank_label_the_input(capsys, tmp_path):
+    path = copy_fixture("cnn_suppress.py", tmp_path)
+    rc, out, err = run(capsys, path, "--batch-size", "1", "--isolated", "--format", "json", "--input-axes", "N,C,W,H")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert {s["module"]: s["normalized_axes"] for s in doc["sites"]}["features.1"] == ["batch", "width", "height"]
+
+
+# ------------------------------------------------------------------- item 6: suppressions in a container
+def test_a_suppression_on_the_last_line_of_a_sequential_covers_only_the_module_built_there(capsys, tmp_path):
+    path = copy_fixture("cnn_suppress.py", tmp_path)
+    rc, out, err = run(capsys, path, "--batch-size", "1", "--isolated", "--format", "json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    # features.9 (BatchNorm1d, built on the commented line) is suppressed; features.1 and .4 are not, and
+    # point at the lines that build them, not at the first line of the statement
+    assert sorted((f["rule_id"], f["module"], f["source"]["line"]) for f in doc["findings"]) == [
+        ("NB101", "features.1", line_of(path, "nn.BatchNorm2d(16)")),
+        ("NB101", "features.4", line_of(path, "nn.BatchNorm2d(32)")),
+    ]
+    assert "suppressed 1 finding(s): 1 by '# normaudit: ignore' comments" in doc["notes"]
+
+
+def test_without_the_comment_every_batchnorm_of_the_sequential_is_reported(capsys, tmp_path):
+    path = copy_fixture("cnn_suppress.py", tmp_path)
+    path.write_text(path.read_text().replace("  # normaudit: ignore[NB101]", ""))
+    rc, out, err = run(capsys, path, "--batch-size", "1", "--isolated", "--format", "json")
+    doc = json.loads(out)
+    assert sorted((f["module"], f["source"]["line"]) for f in doc["findings"] if f["rule_id"] == "NB101") == [
+        ("features.1", 10), ("features.4", 11), ("features.9", 12)]
+
+
+CONTAINERS = '''\
+from collections import OrderedDict
+import torch.nn as nn
+class M(nn.Module):
+    def __init__(self):
+        self.f = nn.Sequential(
+            nn.LayerNorm(4),
+            nn.Sequential(nn.Linear(4, 4),
+                          nn.LayerNorm(4)),
+            nn.LayerNorm(4))  # normaudit: ignore
+        self.l = nn.ModuleList([nn.LayerNorm(4),
+                                nn.LayerNorm(4)])
+        self.d = nn.ModuleDict({"a": nn.LayerNorm(4),
+                                "b": nn.LayerNorm(4)})
+        self.o = nn.Sequential(OrderedDict([("ln", nn.LayerNorm(4)),
+                                            ("fc", nn.Linear(4, 4))]))
+        self.c = nn.ModuleList([nn.LayerNorm(4)
+                                for _ in range(3)])  # normaudit: ignore
+        self.n = nn.LayerNorm(
+            4)  # normaudit: ignore
+'''
+
+
+@pytest.mark.parametrize("line, module, expected", [
+    (5, "f.0", 6), (5, "f.2", 9), (5, "f", 5), (5, "blocks.3.f.2", 9), (7, "f.1.1", 8), (7, "f.1.0", 7),
+    (10, "l.1", 11), (10, "l.0", 10), (12, "d.b", 13), (14, "o.fc", 15), (14, "o.ln", 14),
+    (16, "c.2", 16), (18, "n", 18), (5, "f.7", 5),
+])
+def test_the_child_of_a_container_statement_is_located_on_its_own_line(line, module, expected):
+    assert scan_source(CONTAINERS).construction_line(line, module) == expected
+
+
+def test_a_container_s_closing_line_does_not_cover_its_first_line_but_a_call_s_does():
+    idx = scan_source(CONTAINERS)
+    assert [s.line for s in idx.covering(9)] == [9] and idx.covering(5) == []  # nn.Sequential: children only
+    assert [s.line for s in idx.covering(16)] == [17]  # a comprehension builds every child on one line
+    assert [s.line for s in idx.covering(18)] == [19]  # a multi-line call that is not a container
+
+
+# ------------------------------------------------------------------------ item 10: untrusted strings
+HOSTILE = {"layers.0.input_layernorm\x1b]0;pwn\x07.weight": 0.0, "layers.0.ln\n::error ::x.weight": 0.0,
+           "layers.1.ln\u202e.weight": 1.0, "::error file=a::pwn.norm.weight": 0.0}
+
+
+@pytest.fixture
+def hostile_checkpoint(tmp_path: Path) -> Path:
+    """A safetensors file whose tensor names carry an OSC sequence, a newline followed by a workflow
+    command, a bidi override and a leading workflow command; three all-zero gains (NC104)."""
+    import torch
+    from safetensors.torch import save_file
+
+    path = tmp_path / "evil\x1b[31m.safetensors"
+    save_file({k: torch.full((8,), v) for k, v in HOSTILE.items()}, str(path), metadata={"format": "pt"})
+    return path
+
+
+def assert_terminal_safe(out: str) -> None:
+    import unicodedata
+
+    bad = sorted({repr(ch) for ch in out if ch != "\n" and (unicodedata.category(ch) in ("Cc", "Zl", "Zp")
+                                                            or ch in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")})
+    assert bad == []
+    assert [ln for ln in out.splitlines() if ln.lstrip().startswith(("::", "##["))] == []
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown"])
+def test_control_characters_of_checkpoint_names_are_escaped_in_text_and_markdown(capsys, hostile_checkpoint, fmt):
+    rc, out, err = run(capsys, hostile_checkpoint, "--isolated", "--format", fmt)
+    assert rc == 0, err
+    assert_terminal_safe(out)
+    for shown in ("layers.0.input_layernorm\\x1b]0;pwn\\x07", "layers.0.ln\\n::error ::x", "layers.1.ln\\u202e",
+                  "\\::error file=a::pwn.norm", "evil\\x1b[31m.safetensors"):
+        assert shown in out, shown
+
+
+def test_text_lists_the_escaped_names_in_the_parameter_table(capsys, hostile_checkpoint):
+    rc, out, err = run(capsys, hostile_checkpoint, "--isolated", "--format", "text")
+    rows = [ln.split()[0] for ln in out.splitlines() if "RMSNorm  8" in ln]
+    assert rows == ["\\::error", "layers.0.input_layernorm\\x1b]0;pwn\\x07", "layers.0.ln\\n::error",
+                    "layers.1.ln\\u202e"]
+    assert "  NC104 [checkpoint] layers.0.ln\\n::error ::x: every gain in the checkpoint is 0" in out
+
+
+def test_github_annotations_keep_one_command_per_line(capsys, hostile_checkpoint):
+    rc, out, err = run(capsys, hostile_checkpoint, "--isolated", "--format", "github")
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 3 and all(ln.startswith("::notice title=NC104 all-zero-gains::") for ln in lines)
+    assert "\x1b" not in out and "\x07" not in out and "\r" not in out
+    data = sorted(ln.split("::", 2)[2].split(":")[0] for ln in lines)
+    assert data == ["", "layers.0.input_layernorm\\x1b]0;pwn\\x07", "layers.0.ln%0A"]
+
+
+def test_json_keeps_the_names_exactly(capsys, hostile_checkpoint):
+    rc, out, err = run(capsys, hostile_checkpoint, "--isolated", "--format", "json")
+    doc = json.loads(out)
+    assert sorted(s["module"] for s in doc["sites"]) == sorted(k[:-len(".weight")] for k in HOSTILE)
+
+
+@pytest.mark.parametrize("raw, shown", [
+    ("ln\x1b]0;pwn\x07", "ln\\x1b]0;pwn\\x07"), ("a\nb\r\tc", "a\\nb\\r\\tc"), ("x\x7f\x85", "x\\x7f\\x85"),
+    ("\u2028\u202e\u2066", "\\u2028\\u202e\\u2066"), ("  ::error ::x", "\\  ::error ::x"), ("##[group]x", "\\##[group]x"),
+    ("layers.0.ln", "layers.0.ln"), ("C:\\models\\ü.py", "C:\\models\\ü.py"), ("a::b", "a::b"),
+])
+def test_escape_control(raw, shown):
+    from normaudit.render.text import escape_control
+
+    assert escape_control(raw) == shown
+
+
+def test_github_escapes_per_the_runner_rules():
+    from normaudit.render.github import escape_data, escape_property
+
+    assert escape_data("50% a\r\nb") == "50%25 a%0D%0Ab"
+    assert escape_property("a:b,c%\n") == "a%3Ab%2Cc%25%0A"
+    assert escape_data("t\x1b]0;x\x07") == "t\\x1b]0;x\\x07"
