@@ -93,11 +93,19 @@ POOL_OPS = ("avg_pool1d", "avg_pool2d", "avg_pool3d", "max_pool1d", "max_pool2d"
             "adaptive_avg_pool2d")
 #: ops that compute attention scores from two activations
 SCORE_OPS = ("sdpa", "matmul", "einsum", "baddbmm")
+#: ops that read only the size, dtype and device of their tensor input, not its values
+SHAPE_ONLY_OPS = ("new_zeros", "new_ones", "new_empty", "new_full", "new_tensor", "zeros_like", "ones_like",
+                  "empty_like", "full_like", "rand_like", "randn_like", "randint_like", "size", "dim", "numel",
+                  "sym_size", "sym_numel", "sym_stride")
 CONTAINERS = (nn.ModuleList, nn.Sequential)
 #: parameter-free modules that pass the stream through unchanged (in eval mode, or up to scaling)
 NEUTRAL_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout,
                    nn.Identity)
 BLOCK_ROLES = ("pre", "post", "sandwich")
+#: roles of a norm on the stream that differ only by where the block sits in the stack: the closing norm of
+#: the last block before the head is ``final`` where the others are ``post``; one whose stream goes on
+#: through a projection (the first block of a stage, a block before a downsampler) is ``embedding``
+STREAM_ROLES = {"final": "post", "embedding": "post"}
 
 
 @dataclass
@@ -193,6 +201,13 @@ class _Graph:
                 if any(a in self.pderived for a in self.inputs[n]):
                     self.weighted_mask |= 1 << i
 
+        self.mixing_mask = 0
+        for i, n in enumerate(self.nodes):
+            name = op_name(n).lower()
+            if n not in self.const and ("fft" in name or "pool" in name or
+                                        (n.op == "call_module" and _is_pool_module(self.modules.get(str(n.target))))):
+                self.mixing_mask |= 1 << i
+
     def strip(self, node: Any) -> Any:
         return stream_strip(node, self.modules)
 
@@ -243,6 +258,12 @@ class _Graph:
 
     def is_weighted(self, n: fx.Node) -> bool:
         return bool((self.weighted_mask >> self.idx[n]) & 1)
+
+
+def _is_pool_module(mod: Optional[nn.Module]) -> bool:
+    return isinstance(mod, (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d,
+                            nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+                            nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d))
 
 
 def _tensorish(node: fx.Node) -> bool:
@@ -346,6 +367,7 @@ def find_residual_adds(g: _Graph) -> list[ResidualAdd]:
     Transformer wraps every sublayer in one (Vaswani et al. 2017, section 3.1).
     """
     found: dict[fx.Node, ResidualAdd] = {}
+    res_mask = 0
     for n in g.nodes:
         if op_name(n) != "add" or n.op == "call_module" or n in g.norm_nodes:
             continue
@@ -366,7 +388,10 @@ def find_residual_adds(g: _Graph) -> list[ResidualAdd]:
                 if prev is None:
                     break
                 cur = g.strip(prev.skip)
-            reads = next((c for c in chain if g.weighted_between(c, branch)), None)
+            reads = next((c for c in chain if g.weighted_between(c, branch) and not _long_skip(g, c, branch, res_mask)),
+                         None)
+            if reads is None and _mixes(g, src, branch) and not _long_skip(g, src, branch, res_mask):
+                reads = src  # a weightless mixing branch: LayerNorm(x + fft(x)) (FNet), x + pool(x) - x
             if reads is None:
                 continue
             cand = ResidualAdd(node=n, skip=skip, skip_src=src, branch=branch, reads=reads)
@@ -378,7 +403,8 @@ def find_residual_adds(g: _Graph) -> list[ResidualAdd]:
                 if sc is None:
                     continue
                 src, proj = sc
-                if g.weighted_between(src, branch) and not g.anc_or_eq(proj, branch):
+                if g.weighted_between(src, branch) and not g.anc_or_eq(proj, branch) and \
+                        not _long_skip(g, src, branch, res_mask):
                     best = ResidualAdd(node=n, skip=skip, skip_src=g.strip(skip), branch=branch, reads=src,
                                        shortcut=proj)
                     break
@@ -388,7 +414,25 @@ def find_residual_adds(g: _Graph) -> list[ResidualAdd]:
         weighted_terms = [t for t in best.terms if g.weighted_between(best.reads, t)]
         best.parallel = len(weighted_terms) >= 2 or (best.reads is not best.skip_src and best.shortcut is None)
         found[n] = best
+        res_mask |= 1 << g.idx[n]
     return list(found.values())
+
+
+def _long_skip(g: _Graph, src: fx.Node, branch: fx.Node, res_mask: int) -> bool:
+    """The branch reads ``src`` only across residual adds already found: ``src`` is not the stream this add
+    continues but a value re-injected later (a position bias or value embedding shared by every layer, an
+    outer ``x0 + s * LN(h)`` around a whole stack, a U-Net/FPN long skip)."""
+    j = g.idx[branch]
+    return bool(g.desc[g.idx[src]] & (g.anc[j] | (1 << j)) & res_mask)
+
+
+def _mixes(g: _Graph, src: fx.Node, branch: fx.Node) -> bool:
+    """A parameter-free mixing op (a Fourier transform, a pooling) lies between ``src`` and ``branch``, and
+    ``branch`` is not ``src`` seen through aliases: FNet's ``x + fft(x).real``, PoolFormer's pooling mixer."""
+    if g.strip(branch) is src or not g.is_anc(src, branch):
+        return False
+    j = g.idx[branch]
+    return bool(g.mixing_mask & g.desc[g.idx[src]] & (g.anc[j] | (1 << j)))
 
 
 # -- blocks ----------------------------------------------------------------------------------------------------
@@ -496,8 +540,8 @@ def _reaches_scores(g: _Graph, start: fx.Node, residual: dict[fx.Node, ResidualA
                 continue  # only tensor data flow: x.shape/x.size() feeding a view of q/k is not q/k itself
             seen.add(u)
             name = op_name(u)
-            if u in residual or u.op == "output":
-                continue
+            if u in residual or u.op == "output" or name in SHAPE_ONLY_OPS:
+                continue  # x.new_zeros(...) / zeros_like(x): only x's size, dtype and device flow on
             if name in SCORE_OPS:
                 acts = [a for a in g.inputs[u] if a not in g.pderived and a not in g.const]
                 if name == "sdpa":
@@ -590,6 +634,16 @@ def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
         for a in adds:
             sides = [a.branch] + ([a.skip] if a.shortcut is not None else [])
             side = next((s for s in sides if g.anc_or_eq(info.out, s)), None)
+            if side is not None and a.shortcut is not None and g.anc_or_eq(info.out, a.reads) \
+                    and not g.weighted_between(info.out, a.reads):
+                # pre-activation block with a projection shortcut (ResNetV2, PreAct ResNet): the norm of the
+                # block input feeds both the branch and the shortcut projection, x_pre = norm(x);
+                # y = conv_s(x_pre) + F(x_pre): a pre norm, as in the blocks with an identity shortcut
+                info.adds.append(a)
+                if info.add is None:
+                    info.add, info.placement = a, "pre"
+                    info.rec.site.extra["branch_position"] = "input"
+                continue
             if side is None or g.anc_or_eq(info.out, a.reads):
                 continue  # not in a branch, or the norm's output is (upstream of) the stream the branch reads
             if not g.anc_or_eq(a.reads, info.inp):
@@ -624,7 +678,7 @@ def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
             # its output is the skip of the next residual add: a norm on the stream
             info.placement = "post" if (info.block is not None or after_add) else "embedding"
             closes = info.inp in residual and residual[info.inp].block == info.block
-            if direct[0].block == info.block and not closes:
+            if direct[0].block == info.block and not closes and _reads_stream(g, info.inp, residual):
                 skip_from_norm.append((info, direct[0]))
         elif ahead:
             info.placement = "embedding"  # feeds a projection that (re-)embeds the stream (patch merging)
@@ -648,6 +702,31 @@ def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
 
     _double_norms(g, infos)
     _model_facts(g, adds, residual, infos, model, candidates)
+
+
+def _reads_stream(g: _Graph, node: fx.Node, residual: dict[fx.Node, ResidualAdd]) -> bool:
+    """``node`` (a norm's input, seen through aliases) is the residual stream: a residual add's output, a
+    model input, a token embedding lookup, or a sum/scaling of those (token + position embeddings,
+    ``emb * sqrt(d)``). A norm that ends a non-residual block (conv -> BN of a stride-2 or channel-changing
+    block, a patch-embedding or projection conv -> norm, a downsampler) reads its own block's computation,
+    not the stream, so its output being the next block's identity is the start of a new stream."""
+    todo, seen = [g.strip(node)], 0
+    while todo and seen < 16:
+        n = todo.pop()
+        seen += 1
+        if not isinstance(n, fx.Node):
+            continue
+        if n in residual or (n.op == "placeholder" and n.name in g.cap.user_inputs):
+            return True
+        name = op_name(n)
+        mod = g.modules.get(str(n.target)) if n.op == "call_module" else None
+        if name == "embedding" or isinstance(mod, nn.Embedding):
+            return True
+        if name in ("add", "sub"):
+            todo.extend(g.strip(a) for a in g.inputs[n] if a not in g.const)
+        elif (name in ("mul", "div") or name in GUARD_OPS) and isinstance(n.args[0], fx.Node):
+            todo.append(g.strip(n.args[0]))  # emb * sqrt(d); not x * mask (a mask is no stream)
+    return False
 
 
 def _own_nodes(g: _Graph, info: "_SiteInfo") -> set[fx.Node]:
@@ -797,15 +876,18 @@ def _mark_mixed(blocks: list[Block], infos: list[_SiteInfo]) -> None:
             continue
         for pos, name in enumerate(rel):
             roles = [list(b.norms.values())[pos] for b in members]
-            counts = Counter(roles)
+            counts = Counter(STREAM_ROLES.get(r, r) for r in roles)
             if len(counts) < 2:
                 continue
             top = max(counts.values())
-            majority = next(r for r in roles if counts[r] == top)  # ties: the first block's role
+            if list(counts.values()).count(top) > 1:
+                continue  # a tie has no majority: which blocks differ is not known
+            majority = next(r for r in roles if counts[STREAM_ROLES.get(r, r)] == top)
             for b, role in zip(members, roles):
-                if role != majority:
+                if STREAM_ROLES.get(role, role) != STREAM_ROLES.get(majority, majority):
                     info = by_key.get(list(b.norms)[pos])
                     if info is not None:
                         info.rec.site.extra["majority_placement"] = majority
-                        info.rec.site.extra["majority_blocks"] = [m.path for m, r in zip(members, roles)
-                                                                  if r == majority]
+                        info.rec.site.extra["majority_blocks"] = [
+                            m.path for m, r in zip(members, roles)
+                            if STREAM_ROLES.get(r, r) == STREAM_ROLES.get(majority, majority)]
