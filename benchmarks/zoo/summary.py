@@ -1,0 +1,116 @@
+"""The sweep's outputs: ``zoo.tsv`` (one row per target) and ``summary.md`` (the issue's figures).
+
+Definitions used by both:
+- captured: normaudit exited 0 or 1 and its capture method is a graph (not ``none``/``module_walk``);
+- clean: audited (exit 0/1) with no finding at warning or error;
+- recall of one model: of the norm modules a real forward called (:mod:`forward`), the fraction that
+  are a site's module in the report; ``full recall`` is that fraction being 1.
+"""
+from __future__ import annotations
+
+import csv
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+COLUMNS = ("corpus", "type", "model", "shrink", "exit", "capture", "complete", "sites", "fwd_norms",
+           "norm_modules", "recall", "missing", "findings", "audit_s", "total_s", "cpu_s", "fwd_inputs", "error")
+
+
+def latest(results: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One result per ``(corpus, name)``, the last one written (a rerun into the same folder wins)."""
+    by_key = {(r["corpus"], r["name"]): r for r in results}
+    return sorted(by_key.values(), key=lambda r: (r["corpus"], r["name"]))
+
+
+def audited(r: dict[str, Any]) -> bool:
+    return r.get("exit") in (0, 1)
+
+
+def captured(r: dict[str, Any]) -> bool:
+    return audited(r) and r.get("capture") not in (None, "none", "module_walk")
+
+
+def recall(r: dict[str, Any]) -> Optional[float]:
+    """Fraction of forward-called norm modules that are reported as sites; None where not measured."""
+    called = r.get("fwd_norms")
+    if not audited(r) or called is None:
+        return None
+    if not called:
+        return 1.0
+    sites = set(r.get("site_modules") or [])
+    return sum(1 for m in called if m in sites) / len(called)
+
+
+def missing(r: dict[str, Any]) -> list[str]:
+    """Forward-called norm modules with no site in the report."""
+    sites = set(r.get("site_modules") or [])
+    return [m for m in r.get("fwd_norms") or [] if m not in sites]
+
+
+def write_tsv(results: Iterable[dict[str, Any]], path: Path) -> None:
+    """One row per target with :data:`COLUMNS` (findings as ``RULE@module``, ``;``-separated)."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, delimiter="\t", lineterminator="\n")
+        w.writerow(COLUMNS)
+        for r in latest(results):
+            rec = recall(r)
+            gone = missing(r)
+            w.writerow([
+                r["corpus"], r.get("family") or r["name"], r["name"], r.get("shrink", ""), r.get("exit"),
+                r.get("capture") or "", r.get("complete", ""), r.get("sites", ""),
+                "" if r.get("fwd_norms") is None else len(r["fwd_norms"]), len(r.get("norm_modules") or {}),
+                "" if rec is None else f"{rec:.3f}", ",".join(gone[:5]) + (f",+{len(gone) - 5}" if len(gone) > 5
+                                                                          else ""),
+                ";".join(f"{f['rule']}@{f['module'] or '<model>'}" for f in r.get("findings") or []),
+                r.get("audit_s", ""), r.get("total_s", ""), r.get("cpu_s", ""), (r.get("fwd_inputs") or "")[:120],
+                " ".join(str(r.get("error") or r.get("capture_error") or "").split())[:200]])
+
+
+def _pct(n: int, d: int) -> str:
+    return f"{n} / {d} ({100 * n / d:.1f}%)" if d else "0 / 0"
+
+
+def corpus_lines(rs: list[dict[str, Any]], corpus: str) -> list[str]:
+    """The Markdown figures of one corpus."""
+    built = [r for r in rs if r.get("exit") != "build"]
+    aud = [r for r in built if audited(r)]
+    exits = Counter(str(r.get("exit")) for r in built)
+    recs = [x for x in (recall(r) for r in aud) if x is not None]
+    times = [r["audit_s"] for r in aud if "audit_s" in r]
+    cpu = [r["cpu_s"] for r in rs if r.get("cpu_s") is not None]
+    timeouts = [r["name"] for r in rs if r.get("exit") == "timeout"]
+    flagged = [r for r in aud if r.get("findings")]
+    non_capture = [r for r in aud if any(f["rule"] != "NK101" for f in r.get("findings") or [])]
+    rules = Counter(f["rule"] for r in aud for f in r.get("findings") or [])
+    lines = [f"## {corpus}", "",
+             f"- targets: {len(rs)}; built from small configs: {len(built)} "
+             f"(not built: {len(rs) - len(built)})",
+             f"- exit codes: {dict(sorted(exits.items()))}",
+             f"- audited (exit 0/1): {_pct(len(aud), len(built))}",
+             f"- captured as a graph: {_pct(sum(captured(r) for r in built), len(built))}",
+             f"- clean (no warning/error finding): {_pct(len(aud) - len(flagged), len(aud))}",
+             f"- with a warning/error finding other than NK101 (capture failed): "
+             f"{_pct(len(non_capture), len(aud))}",
+             f"- recall measured (a real forward ran): {len(recs)}; full recall (every called norm is a "
+             f"site): {_pct(sum(1 for x in recs if x == 1.0), len(recs))}; mean recall "
+             f"{statistics.mean(recs) if recs else 0:.3f}",
+             f"- audit time per model: median {statistics.median(times) if times else 0:.1f} s, "
+             f"max {max(times) if times else 0:.1f} s (wall, on a shared machine); CPU per target (build, "
+             f"audit, forward): median {statistics.median(cpu) if cpu else 0:.1f} s, total "
+             f"{sum(cpu) / 60:.1f} min",
+             f"- timeouts: {len(timeouts)} {timeouts[:20]}",
+             f"- findings at warning+ by rule: {dict(rules.most_common())}", ""]
+    return lines
+
+
+def write_markdown(results: Iterable[dict[str, Any]], path: Path, wall_file: Optional[Path] = None) -> None:
+    """``summary.md``: per corpus counts, % clean, % captured, recall, median/max time per model."""
+    rs = latest(results)
+    lines = ["# normaudit zoo sweep", ""]
+    if wall_file is not None and wall_file.is_file():
+        lines += [f"Wall time of the sweep: {int(wall_file.read_text()) / 60:.1f} min", ""]
+    for corpus in sorted({r["corpus"] for r in rs}):
+        lines += corpus_lines([r for r in rs if r["corpus"] == corpus], corpus)
+    path.write_text("\n".join(lines) + "\n")

@@ -1,0 +1,222 @@
+"""The sweep's corpora: every AutoModel type of the installed transformers, one model per timm family.
+
+transformers: every ``model_type`` of ``MODEL_MAPPING_NAMES`` (the ``AutoModel`` table), its config class
+built with defaults and shrunk to test sizes (:func:`shrink_config_dict`: hidden 64, 2 layers, 4 heads,
+small FFN/vocab, applied to nested text/vision/audio/... sub-configs too), the way transformers' own model
+testers size models. A shrink that transformers refuses or cannot build falls back to a milder one
+(:data:`SHRINK_LEVELS`), and the level used is recorded.
+
+timm: one model per module of ``timm.list_modules()`` (a "family"), the smallest by parameter count,
+estimated cheaply: names are ranked by their size word (``atto`` < ``femto`` < ... < ``tiny`` < ``small``
+< ``base``...), and only the best few are built on the meta device to count parameters.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+#: Shrink levels tried in order: "small" (all sizes), "layers" (only depth), "default" (config as is).
+SHRINK_LEVELS = ("small", "layers", "default")
+
+HIDDEN = 64
+HEADS = 4
+LAYERS = 2
+FFN = 128
+
+_LAYER_KEYS = re.compile(
+    r"^(num_hidden_layers|num_layers|n_layers?|encoder_layers|decoder_layers|num_encoder_layers|"
+    r"num_decoder_layers|num_.*_layers|.*_num_layers|num_blocks|n_blocks|depth|num_hidden_blocks|"
+    r"text_layers|vision_layers)$")
+_HEAD_KEYS = re.compile(r"^(num_attention_heads|n_heads?|encoder_attention_heads|decoder_attention_heads|"
+                        r"num_heads|attention_heads|.*_attention_heads|.*_num_heads)$")
+_KV_KEYS = re.compile(r"^(num_key_value_heads|num_kv_heads|n_kv_heads|multi_query_group_num)$")
+_HIDDEN_KEYS = re.compile(r"^(hidden_size|d_model|n_embd|embed_dim|dim|hidden_dim|model_dim|word_embed_proj_dim|"
+                          r"embedding_size|projection_dim|text_embed_dim|vision_embed_dim|n_embed|emb_dim|"
+                          r"d_embed|hidden_channels)$")
+_FFN_KEYS = re.compile(r"^(intermediate_size|ffn_dim|encoder_ffn_dim|decoder_ffn_dim|n_inner|d_ff|"
+                       r"moe_intermediate_size|shared_expert_intermediate_size|intermediate_size_mlp|"
+                       r"ffn_hidden_size|mlp_dim|d_inner|dim_feedforward|inner_dim|feed_forward_size|"
+                       r".*_intermediate_size)$")
+_EXPERT_KEYS = re.compile(r"^(num_experts|n_routed_experts|num_local_experts|moe_num_experts|n_experts)$")
+_TOPK_KEYS = re.compile(r"^(num_experts_per_tok|moe_topk|top_k|num_selected_experts|moe_k)$")
+_SMALL_DIMS = {"head_dim": 16, "d_head": 16, "attention_head_size": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+               "kv_lora_rank": 32, "q_lora_rank": 32, "d_kv": 16, "attention_head_dim": 16}
+_TOKEN_KEY = re.compile(r".*(_token_id|_token_index|_token_ids|_id)$")
+
+
+def _max_token_id(d: dict[str, Any]) -> int:
+    """Largest special-token id named anywhere in a config dict (so a shrunk vocab still holds it)."""
+    best = -1
+    for key, value in d.items():
+        key = str(key)
+        if key in ("id2label", "label2id"):
+            continue
+        if isinstance(value, dict):
+            best = max(best, _max_token_id(value))
+        elif _TOKEN_KEY.match(key) and isinstance(value, int) and not isinstance(value, bool):
+            best = max(best, value)
+        elif _TOKEN_KEY.match(key) and isinstance(value, list):
+            best = max([best] + [v for v in value if isinstance(v, int) and not isinstance(v, bool)])
+    return best
+
+
+def _truncate_per_layer(d: dict[str, Any], old: int, new: int) -> None:
+    """Cut lists/strings that hold one entry per layer (``layer_types``, hybrid patterns) to ``new``."""
+    for key, value in list(d.items()):
+        if key in ("id2label", "label2id") or old <= new:
+            continue
+        per_layer_str = isinstance(value, str) and re.search(r"pattern|layer|block|override", key)
+        if (isinstance(value, list) or per_layer_str) and len(value) == old and old > 2:
+            d[key] = _keep_kinds(value, new)
+
+
+def _keep_kinds(value, new: int):
+    """First ``new`` entries of a per-layer list, every kind of layer kept where ``new`` allows it
+    (``["sliding"] * 5 + ["full"]`` -> ``["sliding", "full"]``: validators want each kind present)."""
+    head = list(value[:new])
+    kinds = list(dict.fromkeys(v for v in value if isinstance(v, (str, int, float))))
+    if isinstance(value, list) and len(kinds) <= new and set(kinds) - set(head):
+        head = [kinds[i] if i < len(kinds) else value[0] for i in range(new)]
+    return head if isinstance(value, list) else "".join(head)
+
+
+def _fit_layer_indices(d: dict[str, Any]) -> None:
+    """Point layer indices (backbone ``out_features``/``out_indices``, ``vision_feature_layer``) at layers
+    that still exist after the depth shrink: the backbone default, and the last layer."""
+    if isinstance(d.get("per_layer_config"), dict):
+        d["per_layer_config"] = {k: v for k, v in d["per_layer_config"].items() if int(k) < LAYERS}
+    if isinstance(d.get("out_indices"), list):
+        d["out_indices"] = [LAYERS]
+    if isinstance(d.get("out_features"), list):
+        d["out_features"] = [f"stage{LAYERS}"]
+    for key in ("vision_feature_layer", "vision_feature_layers", "feature_layer"):
+        value = d.get(key)
+        if _is_int(value) and value >= LAYERS:
+            d[key] = -1
+        elif isinstance(value, list) and any(_is_int(v) and v >= LAYERS for v in value):
+            d[key] = [-1]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _shrink_lists(d: dict[str, Any]) -> None:
+    """Shrink per-stage lists of hierarchical models (Swin/ConvNeXt/ResNet ``depths``, ``hidden_sizes``)."""
+    for key, value in list(d.items()):
+        if not (isinstance(value, list) and value and all(_is_int(v) for v in value)):
+            continue
+        if key in ("depths", "num_layers", "layers", "encoder_layers", "block_repeats", "num_blocks"):
+            d[key] = [min(v, LAYERS) for v in value]
+        elif key in ("num_heads", "num_attention_heads", "attention_heads", "encoder_attention_heads"):
+            d[key] = [min(v, 2) for v in value]
+        elif key in ("hidden_sizes", "embed_dims", "dims", "embed_dim", "hidden_dims", "channels", "widths"):
+            f = max(1, value[0] // 16)
+            if all(v % f == 0 for v in value):
+                d[key] = [max(v // f, 2) for v in value]
+
+
+def shrink_config_dict(d: dict[str, Any], level: str = "small") -> dict[str, Any]:
+    """Return a copy of a transformers config dict (``config.to_dict()``) shrunk to test sizes.
+
+    ``level`` is one of :data:`SHRINK_LEVELS`. Nested sub-config dicts (``text_config``, ``vision_config``,
+    ``audio_config``, ``encoder``, ``decoder``...) are shrunk the same way. Image sizes, patch sizes, mel
+    bins and sampling rates are kept (they tie to each other); only widths, depths and counts shrink.
+    """
+    d = copy.deepcopy(d)
+    if d.get("prediction_length", 0) is None:  # time-series configs have no default horizon
+        d["prediction_length"] = 8
+    if level == "default":
+        return d
+    for key, value in list(d.items()):
+        if isinstance(value, dict) and key not in ("id2label", "label2id", "rope_parameters", "rope_scaling"):
+            d[key] = shrink_config_dict(value, level)
+    staged = any(isinstance(d.get(k), list) for k in ("depths", "hidden_sizes", "embed_dims"))
+    layer_keys = [k for k, v in d.items() if _LAYER_KEYS.match(k) and _is_int(v) and v > LAYERS and not staged]
+    for key in layer_keys:
+        old = d[key]
+        d[key] = LAYERS
+        _truncate_per_layer(d, old, LAYERS)
+    if layer_keys:
+        _fit_layer_indices(d)
+    if level == "layers":
+        return d
+    _shrink_widths(d)
+    _shrink_lists(d)
+    return d
+
+
+def _shrink_widths(d: dict[str, Any]) -> None:
+    """Set widths, heads, FFN sizes, expert counts and vocabulary of one config level to test sizes."""
+    heads_before = next((v for k, v in d.items() if _HEAD_KEYS.match(k) and _is_int(v)), None)
+    for key, value in list(d.items()):
+        if not _is_int(value) or value <= 0:
+            continue
+        if (_HIDDEN_KEYS.match(key) or key.endswith("_hidden_size")) and value > HIDDEN:
+            d[key] = HIDDEN
+        elif _HEAD_KEYS.match(key) and value > HEADS:
+            d[key] = HEADS
+        elif _FFN_KEYS.match(key) and value > FFN:
+            d[key] = FFN
+        elif _EXPERT_KEYS.match(key) and value > 4:
+            d[key] = 4
+        elif _TOPK_KEYS.match(key) and value > 2:
+            d[key] = 2
+        elif key in _SMALL_DIMS and value > _SMALL_DIMS[key]:
+            d[key] = _SMALL_DIMS[key]
+    for key, value in list(d.items()):
+        if _KV_KEYS.match(key) and _is_int(value) and heads_before:
+            d[key] = HEADS if value >= heads_before else min(value, HEADS // 2)
+    if _is_int(d.get("vocab_size")) and d["vocab_size"] > 1024:
+        d["vocab_size"] = max(1024, _max_token_id(d) + 1)
+
+
+def transformers_types(only: set[str] | None = None) -> list[str]:
+    """The ``model_type`` of every AutoModel entry of the installed transformers, sorted."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    return sorted(t for t in MODEL_MAPPING_NAMES if only is None or t in only)
+
+
+_SIZE_WORDS = ("atto", "zepto", "femto", "pico", "nano", "xxxs", "xxs", "tiny", "t", "xs", "xsmall", "micro",
+               "mini", "lite0", "b0", "small", "s", "s0", "mobile", "lite", "18", "r18", "medium", "m", "base",
+               "b", "large", "l", "huge", "h", "giant", "g")
+
+
+def _size_rank(name: str) -> tuple[int, int, str]:
+    """Sort key guessing a timm model's size from its name (size word, then first number, then name)."""
+    tokens = re.split(r"[_\-.]", name)
+    rank = min((_SIZE_WORDS.index(t) for t in tokens if t in _SIZE_WORDS), default=len(_SIZE_WORDS))
+    numbers = [int(n) for n in re.findall(r"\d+", name)]
+    return rank, numbers[0] if numbers else 0, name
+
+
+def timm_families(only: set[str] | None = None, candidates: int = 3) -> list[tuple[str, str, int]]:
+    """One ``(family, model_name, n_params)`` per ``timm.list_modules()`` entry: its smallest model.
+
+    timm's own unit-test models (``test_*``) are left out. The ``candidates`` best names by :func:`_size_rank` are built on the meta device (no weight memory)
+    and the one with the fewest parameters wins; a family none of whose candidates builds is skipped.
+    """
+    import timm
+    import torch
+
+    out = []
+    for family in timm.list_modules():
+        if only is not None and family not in only:
+            continue
+        names = [n for n in timm.list_models(module=family) if not n.startswith("test_")]  # timm's unit-test nets
+        names = sorted(names, key=_size_rank)[:candidates]
+        best = None
+        for name in names:
+            try:
+                with torch.device("meta"):
+                    model = timm.create_model(name, pretrained=False)
+            except Exception:  # noqa: BLE001 - a model timm itself cannot build is not a candidate
+                continue
+            n = sum(p.numel() for p in model.parameters())
+            if best is None or n < best[2]:
+                best = (family, name, n)
+        if best is not None:
+            out.append(best)
+    return out

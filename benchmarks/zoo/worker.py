@@ -1,0 +1,208 @@
+"""The sweep's worker: audits targets one at a time, as a long-lived process the driver restarts on a timeout.
+
+Protocol: one JSON job per line on stdin (``{"corpus": "transformers", "name": "llama", "dir": ...}`` or
+``{"corpus": "timm", "name": "resnet18", "family": "resnet", "dir": ...}``); one JSON result per job
+written to the file descriptor given as ``--result-fd``. Everything the audited code and normaudit print
+goes to ``<dir>/log.txt``, never to the result channel.
+
+Each job: (1) write the target as a user would hand it to normaudit (an HF config directory via
+``config.save_pretrained``, or a ``model.py`` with ``build_model()`` calling ``timm.create_model``);
+(2) run ``normaudit DIR --format json -o report.json`` in-process (``normaudit.cli.main``, same code path
+as the command); (3) build the model for real on CPU and count the norm modules one forward calls
+(:mod:`forward`).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import tv_shim  # noqa: E402 - must precede any torchvision import (timm imports it)
+
+tv_shim.install()
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+import forward  # noqa: E402
+import targets  # noqa: E402
+
+#: A real CPU build above this many parameters skips the forward (recall then reads "n/a").
+MAX_FORWARD_PARAMS = 200_000_000
+
+
+def hf_config(model_type: str):
+    """Shrunk config of ``model_type`` that AutoModel builds on meta: ``(config, level)`` or raises the last error."""
+    import transformers
+
+    cls = transformers.CONFIG_MAPPING[model_type]
+    base = cls().to_dict()
+    last: Exception | None = None
+    for level in targets.SHRINK_LEVELS:
+        try:
+            config = cls.from_dict(targets.shrink_config_dict(base, level))
+            with torch.device("meta"):
+                transformers.AutoModel.from_config(config)
+            return config, level
+        except Exception as err:  # noqa: BLE001 - try the next, milder shrink
+            last = err
+    raise RuntimeError(f"no shrink level builds: {type(last).__name__}: {' '.join(str(last).split())[:200]}")
+
+
+def write_target(job: dict[str, Any]) -> tuple[Path, Any, str]:
+    """Write the job's target into ``job['dir']``; returns ``(target path, config or None, shrink level)``."""
+    out = Path(job["dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    if job["corpus"] == "transformers":
+        config, level = hf_config(job["name"])
+        config.save_pretrained(out)
+        return out, config, level
+    (out / "model.py").write_text(
+        "import timm\n\n\ndef build_model():\n"
+        f"    return timm.create_model({job['name']!r}, pretrained=False)\n")
+    return out / "model.py", None, "timm default"
+
+
+def run_normaudit(target: Path, report: Path) -> int:
+    """``normaudit TARGET --format json -o REPORT`` in this process; returns its exit status."""
+    from normaudit.cli import main
+
+    return main([str(target), "--format", "json", "-o", str(report)])
+
+
+def summarise_report(report: Path) -> dict[str, Any]:
+    """The TSV's fields from a normaudit JSON report (empty when the report is missing)."""
+    if not report.is_file():
+        return {}
+    data = json.loads(report.read_text())
+    capture = data.get("capture") or {}
+    sites = data.get("sites") or []
+    graph_sites = [s for s in sites if s.get("detected_by") not in ("module_walk", "checkpoint")]
+    findings = [f for f in data.get("findings") or [] if f.get("severity") in ("warning", "error")]
+    failed = [a for a in capture.get("attempts") or [] if not a.get("ok")]
+    return {
+        "capture": capture.get("method"), "complete": capture.get("complete"),
+        "capture_error": (failed[-1].get("error") or "")[:300] if failed else "",
+        "sites": len(sites), "graph_site_modules": sorted({s["module"] for s in graph_sites}),
+        "site_modules": sorted({s["module"] for s in sites}),
+        "findings": [{"rule": f["rule_id"], "severity": f["severity"], "module": f["module"],
+                      "message": f["message"][:300],
+                      "source": f"{(f.get('source') or {}).get('file')}:{(f.get('source') or {}).get('line')}"}
+                     for f in findings],
+    }
+
+
+def real_model(job: dict[str, Any], config):
+    """The target built for real on CPU (random init), and the config its inputs are sized from."""
+    if job["corpus"] == "transformers":
+        import transformers
+
+        return transformers.AutoModel.from_config(config), config
+    import timm
+
+    return timm.create_model(job["name"], pretrained=False), None
+
+
+def timm_forward(model) -> tuple[set[str] | None, str]:
+    """Norms called by a timm model on ``(2, *pretrained_cfg['input_size'])`` random images."""
+    size = tuple((getattr(model, "pretrained_cfg", None) or {}).get("input_size") or (3, 224, 224))
+    x = torch.randn(2, *size)
+    model.eval()
+    try:
+        with torch.no_grad():
+            return forward.called_norms(model, lambda: model(x)), f"x{list(x.shape)}"
+    except Exception as err:  # noqa: BLE001
+        return None, f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+
+
+def measure_forward(job: dict[str, Any], config) -> dict[str, Any]:
+    """``fwd_norms`` (paths called), ``norm_modules`` (all), ``fwd_inputs`` (which inputs ran, or the error)."""
+    torch.manual_seed(0)
+    model, cfg = real_model(job, config)
+    n_params = sum(p.numel() for p in model.parameters())
+    norms = forward.norm_modules(model)
+    if n_params > MAX_FORWARD_PARAMS:
+        return {"norm_modules": norms, "fwd_norms": None, "fwd_inputs": f"skipped: {n_params / 1e6:.0f}M params"}
+    called, label = forward.forward_norms(model, cfg) if cfg is not None else timm_forward(model)
+    return {"norm_modules": norms, "fwd_norms": sorted(called) if called is not None else None,
+            "fwd_inputs": label, "params": n_params}
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """Write, audit and measure one target; every phase's failure is recorded, never raised."""
+    result: dict[str, Any] = {"corpus": job["corpus"], "name": job["name"], "family": job.get("family", "")}
+    start = time.perf_counter()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    result["cpu_s"] = None  # set below: CPU seconds of the whole job (user + system)
+    try:
+        target, config, level = write_target(job)
+    except Exception as err:  # noqa: BLE001
+        result.update(exit="build", error=f"{type(err).__name__}: {' '.join(str(err).split())[:300]}")
+        return result
+    result["shrink"] = level
+    report = Path(job["dir"]) / "report.json"
+    t0 = time.perf_counter()
+    result["exit"] = run_normaudit(target, report)
+    result["audit_s"] = round(time.perf_counter() - t0, 2)
+    result.update(summarise_report(report))
+    try:
+        result.update(measure_forward(job, config))
+    except Exception as err:  # noqa: BLE001
+        result.update(fwd_norms=None, fwd_inputs=f"real build failed: {type(err).__name__}: {str(err)[:200]}")
+    result["total_s"] = round(time.perf_counter() - start, 2)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    result["cpu_s"] = round(after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime, 2)
+    return result
+
+
+@contextlib.contextmanager
+def output_to(path: Path):
+    """Send this process's fd 1 and 2 (Python and C level) to ``path`` for the duration."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+def main() -> None:
+    """Serve jobs from stdin until it closes."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--result-fd", type=int, required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    results = os.fdopen(args.result_fd, "w", buffering=1)
+    for line in sys.stdin:
+        job = json.loads(line)
+        Path(job["dir"]).mkdir(parents=True, exist_ok=True)
+        with output_to(Path(job["dir"]) / "log.txt"):
+            try:
+                result = run_job(job)
+            except BaseException as err:  # noqa: BLE001 - a worker must answer every job
+                result = {"corpus": job["corpus"], "name": job["name"], "exit": "crash",
+                          "error": f"{type(err).__name__}: {err}"[:300], "trace": traceback.format_exc()[-800:]}
+        results.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()
