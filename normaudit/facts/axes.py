@@ -50,6 +50,9 @@ LETTERS = {"B": "batch", "N": "batch", "S": "sequence", "T": "sequence", "L": "s
            "W": "width", "D": "depth", "C": "channel", "F": "feature", "E": "feature", "K": "head"}
 BASE = ("batch", "sequence", "height", "width", "depth", "channel", "feature", "head", "unknown")
 SPATIAL = ("height", "width", "depth")
+#: marks the inner piece of a spatial axis split by a reshape (``H -> (H/2, 2)``): an offset inside a patch or
+#: window of fixed size; never a public label by itself (:func:`dim_label`)
+PATCH = "patch"
 
 #: One part of a dimension: its base names and its size.
 Part = tuple[Label, int]
@@ -83,7 +86,7 @@ def _names(parts: Iterable[Part]) -> list[str]:
     out: list[str] = []
     for names, _ in parts:
         for n in names:
-            if n != "unknown" and n not in out:
+            if n not in ("unknown", PATCH) and n not in out:
                 out.append(n)
     return out
 
@@ -91,13 +94,22 @@ def _names(parts: Iterable[Part]) -> list[str]:
 def dim_label(d: Dim) -> Label:
     """The public label of one dimension: its base names in order, ``("unknown",)`` when none is known.
 
-    A dim merged from ``head`` and ``feature`` parts (attention heads merged back) is ``("feature",)``.
+    A dim merged from ``head`` and ``feature`` parts (attention heads merged back) is ``("feature",)``. A dim
+    merged from channel/feature parts and spatial parts that are all offsets inside a fixed patch (the inner
+    piece of a split spatial axis, :data:`PATCH`) is the channel/feature dim of a space-to-depth: Swin's
+    patch merging ``reshape(B, H/2, 2, W/2, 2, C) -> (B, H/2, W/2, 4C)`` normalises ``4C`` channels whose
+    size does not depend on the resolution (Liu et al. 2021, arXiv 2103.14030, section 3.1).
     """
     names = _names(d)
     if not names:
         return UNK
     if "feature" in names and set(names) <= {"head", "feature"}:
         return ("feature",)
+    spatial = [p for p in d if set(p[0]) & set(SPATIAL)]
+    if spatial and ({"channel", "feature"} & set(names)) and all(PATCH in p[0] for p in spatial):
+        names = [n for n in names if n not in SPATIAL]
+        if "head" in names and "feature" in names:
+            names.remove("head")
     return tuple(names)
 
 
@@ -309,7 +321,8 @@ def _reshape(x: list[Dim], out_shape: Sequence[int]) -> list[Dim]:
             elif n % need == 0:
                 outer = ("head",) if names == ("feature",) else names
                 acc.append((outer, need))
-                stream[k] = (names, n // need)
+                inner = names + (PATCH,) if set(names) <= set(SPATIAL) and PATCH not in names else names
+                stream[k] = (inner, n // need)
                 prod *= need
             else:
                 break

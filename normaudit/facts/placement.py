@@ -201,6 +201,10 @@ class _Graph:
                 if any(a in self.pderived for a in self.inputs[n]):
                     self.weighted_mask |= 1 << i
 
+        self.output_mask = 0
+        for i, n in enumerate(self.nodes):
+            if n.op == "output":
+                self.output_mask |= 1 << i
         self.mixing_mask = 0
         for i, n in enumerate(self.nodes):
             name = op_name(n).lower()
@@ -818,12 +822,15 @@ def _model_facts(g: _Graph, adds: list[ResidualAdd], residual: dict[fx.Node, Res
     for a in adds:
         if not a.node.users and a.node.op == "call_method" and str(a.node.target).endswith("_"):
             continue  # x.add_(f(x)) under symbolic tracing: fx does not see the mutation flow on
+        if not (g.desc[g.idx[a.node]] & g.output_mask):
+            continue  # a second stream left unused after the loop (dead code under symbolic tracing)
         if _stream_reach(g, a.node, residual) or _normed_later(g, a.node, stream_norm_inputs):
             continue
         ends_normed = False
         consumer = _consumer(g, a.node)
         for info in branch_norms.get(a.node, []):
             info.rec.site.extra["unnormed_stream_end"] = consumer
+            info.rec.site.extra["stack_blocks"] = _stack_size(model.blocks, info.block)
     model.has_final_norm = ends_normed and any(i.placement == "final" for i in infos)
 
 
@@ -848,8 +855,17 @@ def _consumer(g: _Graph, node: fx.Node) -> str:
     return "output"
 
 
+def _stack_size(blocks: list[Block], block: Optional[str]) -> int:
+    """How many blocks share ``block``'s container (``layers.3`` -> the blocks ``layers.*``); 0 without one."""
+    if block is None:
+        return 0
+    parent = block.rpartition(".")[0]
+    return sum(1 for b in blocks if b.path.rpartition(".")[0] == parent)
+
+
 def _normed_later(g: _Graph, node: fx.Node, norm_inputs: set[fx.Node]) -> bool:
-    """``node`` reaches a stream norm's input through casts, views, slicing and pooling only."""
+    """``node`` reaches a stream norm's input through casts, views, slicing, pooling (functional or a pooling
+    / ``nn.Flatten`` module) and scalings by a constant only (diffusers' ``(x + h) / output_scale_factor``)."""
     todo, seen = [node], 0
     while todo and seen < 64:
         n = todo.pop()
@@ -858,7 +874,9 @@ def _normed_later(g: _Graph, node: fx.Node, norm_inputs: set[fx.Node]) -> bool:
             return True
         for u in n.users:
             name = op_name(u)
-            if (g.is_alias(u) or name in POOL_OPS or
+            mod = g.modules.get(str(u.target)) if u.op == "call_module" else None
+            scaling = name in ("mul", "div") and all(a in g.const for a in g.inputs[u] if a is not n)
+            if (g.is_alias(u) or name in POOL_OPS or scaling or _is_pool_module(mod) or isinstance(mod, nn.Flatten) or
                     name in ("getitem", "select", "slice", "type_as", "mean", "amax", "adaptive_avg_pool1d", "cat")):
                 todo.append(u)
     return False
