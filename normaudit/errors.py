@@ -2,7 +2,20 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Optional
+
+# C0/C1 control characters (ESC starts terminal sequences) and the bidirectional overrides that reorder
+# what a terminal shows; whitespace is folded to single spaces before this applies.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with control characters written as escapes (``\\x1b``, ``\\u202e``): a message quoting an
+    untrusted name (a tensor key, a config string) cannot move the cursor, retitle the terminal or reorder
+    the line. Printable text, including non-ASCII letters, is unchanged."""
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                            else f"\\u{ord(m.group()):04x}", text)
 
 
 def _display_path(path: str) -> str:
@@ -18,7 +31,8 @@ class UsageError(Exception):
     """Bad input or usage: the user's file, config or checkpoint cannot be used (exit status 2).
 
     ``str(err)`` is the one-line message printed on stderr: ``FILE:LINE: cause`` where file and line are
-    known, else ``FILE: cause`` or just the cause.
+    known, else ``FILE: cause`` or just the cause; whitespace folded to single spaces and control
+    characters escaped (:func:`escape_controls`).
     """
 
     def __init__(self, message: str, file: Optional[str] = None, line: Optional[int] = None):
@@ -32,4 +46,4 @@ class UsageError(Exception):
         if self.file:
             shown = _display_path(self.file)
             where = f"{shown}:{self.line}: " if self.line else f"{shown}: "
-        return where + " ".join(self.message.split())
+        return escape_controls(where + " ".join(self.message.split()))

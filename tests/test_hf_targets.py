@@ -104,7 +104,7 @@ def test_weights_beside_the_config_are_recorded_not_read_while_loading(tmp_path)
     ('{"model_type": "llama",\n "hidden_size": }', "config.json:2: invalid JSON"),
     ('{"hidden_size": 32}', "config.json: config.json has no 'model_type'"),
     ('{"model_type": "no-such-model"}', "config.json: unknown model_type 'no-such-model'"),
-    ('{"model_type": "llama", "auto_map": {"AutoModel": "m.M"}}', "config.json: the config uses custom model code"),
+    ('{"model_type": "my-custom", "auto_map": {"AutoModel": "m.M"}}', "config.json: the config uses custom model code"),
     ('[1, 2]', "config.json: a model config must be a JSON object"),
 ])
 def test_bad_hf_configs_are_exit_2(capsys, tmp_path, config, expected):

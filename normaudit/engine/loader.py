@@ -6,7 +6,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterable, Optional
 
-import yaml
 from pydantic import ValidationError
 
 from normaudit.engine.schema import Rule
@@ -29,14 +28,20 @@ def _line_of(text: str, field: str) -> Optional[int]:
 
 
 def load_rule_file(path: Path) -> Rule:
-    """Parse and validate one rule file. Raises UsageError naming the file, line and field."""
-    text = path.read_text(encoding="utf-8")
+    """Parse and validate one rule file. Raises UsageError naming the file, line and field.
+
+    A rule file is untrusted input like a config (:mod:`normaudit.target.safe_read`): a regular UTF-8 file,
+    plain YAML data (no tags building objects, aliases and nesting bounded), and message/fix templates that
+    reach only the rule's own names (:func:`normaudit.engine.evaluator.check_template`)."""
+    from normaudit.target.safe_read import loads_yaml, read_regular
+
+    raw = read_regular(path, "rule file")
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        raise UsageError(f"invalid YAML in rule file: {getattr(err, 'problem', err)}", file=str(path),
-                         line=mark.line + 1 if mark else None) from err
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UsageError(f"rule file is not UTF-8 text: byte 0x{raw[err.start]:02x} at offset {err.start}",
+                         file=str(path), line=raw[: err.start].count(b"\n") + 1) from None
+    data = loads_yaml(text, "rule file", str(path))
     if not isinstance(data, dict):
         raise UsageError("a rule file must be a mapping", file=str(path))
     try:

@@ -14,6 +14,7 @@ import json
 import os
 import pickle
 import re
+import stat
 import struct
 import warnings
 import zipfile
@@ -27,6 +28,7 @@ from safetensors import SafetensorError, safe_open
 
 from normaudit.errors import UsageError
 from normaudit.report import Kind, Site, WeightStats
+from normaudit.target.safe_read import MAX_NESTING, file_kind, json_nesting, loads_json, read_regular, require_regular_file
 
 __all__ = [
     "Checkpoint",
@@ -63,6 +65,7 @@ class _SafetensorsReader:
 
     def __init__(self, path: Path):
         self.path = path
+        require_regular_file(path, "safetensors checkpoint")
         # Unbuffered, read-ahead disabled: the header read below fetches exactly 8 + N bytes. The handle
         # stays open for posix_fadvise hints (see prefetch).
         try:
@@ -76,7 +79,8 @@ class _SafetensorsReader:
             self._f = safe_open(str(path), framework="pt")
         except (SafetensorError, OSError) as e:
             self._fh.close()
-            raise UsageError(f"unreadable safetensors file: {_one_line(e)}", file=str(path)) from None
+            raise UsageError(f"unreadable safetensors file: the safetensors library refuses it: {_one_line(e)}",
+                             file=str(path)) from None
         except BaseException:
             self._fh.close()
             raise
@@ -87,23 +91,32 @@ class _SafetensorsReader:
             os.posix_fadvise(self._fh.fileno(), offset, length, getattr(os, advice))
 
     def _check_header(self, path: Path) -> None:
-        size = os.fstat(self._fh.fileno()).st_size
+        st = os.fstat(self._fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"cannot read safetensors checkpoint: expected a regular file, found "
+                             f"{file_kind(st.st_mode)}", file=str(path))
+        size = st.st_size
         head = self._fh.read(8)
         if len(head) < 8:
-            raise UsageError(f"truncated safetensors file: {size} bytes, shorter than the 8-byte "
-                             "header length field", file=str(path))
+            raise UsageError(f"truncated safetensors file: {size} bytes, shorter than the 8-byte header length "
+                             "field (expected 8 bytes of header length, then a JSON header)", file=str(path))
         (n,) = struct.unpack("<Q", head)
-        if n > size - 8:
-            raise UsageError(f"corrupted or truncated safetensors file: the header length field says {n} "
-                             f"bytes but only {size - 8} bytes follow it", file=str(path))
+        if n == 0 or n > size - 8:
+            raise UsageError(f"corrupted or truncated safetensors file: the header length field says {n} bytes "
+                             f"of JSON header, but the file holds {size - 8} bytes after it", file=str(path))
         try:
-            header = json.loads(self._fh.read(n))
-        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
-            raise UsageError(f"corrupted safetensors header: not valid JSON ({_one_line(e)})",
-                             file=str(path)) from None
+            header = loads_json(self._fh.read(n), "safetensors header", str(path))
+        except UsageError as err:
+            raise UsageError(f"corrupted safetensors header: not valid JSON: {err.message}", file=str(path),
+                             line=err.line) from None
         if not isinstance(header, dict):
-            raise UsageError("corrupted safetensors header: not a JSON object", file=str(path))
-        header.pop("__metadata__", None)
+            raise UsageError("corrupted safetensors header: expected a JSON object (tensor name -> dtype, shape, "
+                             f"data_offsets), found a JSON {_json_type(header)}", file=str(path))
+        meta = header.pop("__metadata__", None)
+        if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+            raise UsageError("corrupted safetensors header: expected __metadata__ to map names to strings, found "
+                             f"{_json_type(meta) if not isinstance(meta, dict) else 'non-string values'}",
+                             file=str(path))
         self._offsets: dict[str, tuple[int, int]] = {}
         for key, entry in header.items():
             try:
@@ -111,8 +124,9 @@ class _SafetensorsReader:
                 entry["dtype"], entry["shape"]  # noqa: B018 - presence check
                 assert isinstance(start, int) and isinstance(end, int) and 0 <= start <= end
             except (TypeError, KeyError, ValueError, AssertionError):
-                raise UsageError(f"corrupted safetensors header: entry {key!r} lacks a valid dtype, shape "
-                                 "or data_offsets", file=str(path)) from None
+                raise UsageError(f"corrupted safetensors header: entry {key!r} lacks a valid dtype, shape or "
+                                 f"data_offsets: expected data_offsets [start, end] with 0 <= start <= end, found "
+                                 f"{_one_line(json.dumps(entry), 120)}", file=str(path)) from None
             self._offsets[key] = (start, end)
         data_len = max((end for _, end in self._offsets.values()), default=0)
         if 8 + n + data_len > size:
@@ -150,7 +164,7 @@ class _SafetensorsReader:
 
     def embedded_config(self) -> tuple[Optional[dict], Optional[str]]:
         meta = {k: v for k, v in (self._f.metadata() or {}).items() if k != "format"}
-        parsed = {k: _parse_json(v) for k, v in meta.items()}
+        parsed = {k: _parse_json(v, self.path, f"safetensors __metadata__ entry {k!r}") for k, v in meta.items()}
         for k in (*_CONFIG_KEYS, *meta):
             if isinstance(parsed.get(k), dict):
                 return parsed[k], f"{self.path}:__metadata__.{k}"
@@ -162,56 +176,200 @@ class _SafetensorsReader:
 
 
 def _read_json(path: Path, what: str) -> Any:
-    try:
-        return json.loads(path.read_bytes())
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-        raise UsageError(f"invalid JSON in {what}: {getattr(e, 'msg', e)}", file=str(path),
-                         line=getattr(e, "lineno", None)) from None
-    except OSError as e:
-        raise UsageError(f"cannot read {what}: {e.strerror or e}", file=str(path)) from None
+    """A JSON file beside or in a checkpoint (regular files only, nesting bounded); UsageError otherwise."""
+    return loads_json(read_regular(path, what), what, str(path))
 
 
-def _parse_json(value: str) -> Any:
+def _json_type(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")
+
+
+def _parse_json(value: Any, path: Optional[Path] = None, what: str = "embedded config") -> Any:
+    """``value`` parsed as JSON when it is a string holding JSON (``"1e-06"`` -> 1e-06, an object -> a dict),
+    else ``value`` itself.
+
+    Nesting is bounded (:data:`normaudit.target.safe_read.MAX_NESTING`): a deeper string is a UsageError
+    naming ``path`` and ``what`` rather than a RecursionError."""
+    if not isinstance(value, str):
+        return value
+    depth = json_nesting(value)
+    if depth > MAX_NESTING:
+        raise UsageError(f"{what} nests lists/objects {depth} levels deep; at most {MAX_NESTING} expected",
+                         file=str(path) if path else None)
     try:
         return json.loads(value)
-    except (TypeError, ValueError):
+    except (ValueError, RecursionError):
         return value
 
 
-def _refusal(path: Path, err: Exception) -> UsageError:
-    """Turn torch's weights_only refusal (a long multi-line text) into one line naming the cause."""
+def _torch_reason(err: Exception) -> str:
+    """The cause in torch's (long, multi-line) load error, on one line."""
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
     reason = next((ln.split("WeightsUnpickler error:", 1)[1].strip() for ln in lines
                    if "WeightsUnpickler error:" in ln), "")
     if not reason:
         reason = next((ln for ln in lines if ln.startswith(("Trying to load", "Unsupported"))), "")
-    reason = (reason or (lines[0] if lines else type(err).__name__)).split(". Please ")[0].rstrip(".")
-    return UsageError(f"refusing to unpickle: {_one_line(reason)}; normaudit never loads checkpoints "
-                      "with weights_only=False", file=str(path))
+    reason = (reason or (lines[0] if lines else "")).split(". Please ")[0].rstrip(".")
+    return _one_line(f"{type(err).__name__}: {reason}" if reason else type(err).__name__, 200)
+
+
+#: bytes of a pickle scanned (never executed) to tell a corrupt pickle from one that needs code
+_PICKLE_SCAN_BYTES = 64 * 2 ** 20
+# torch.save's legacy format starts with this number pickled (torch.serialization.MAGIC_NUMBER)
+_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+_STRING_OPS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING", "BINSTRING", "STRING"}
+
+
+def _allowed_globals() -> set[str]:
+    """The callables ``torch.load(weights_only=True)`` rebuilds objects with (torch's allowlist, plus
+    ``argparse.Namespace`` that normaudit adds); empty when this torch does not expose it."""
+    try:
+        from torch import _weights_only_unpickler as wou
+
+        return set(wou._get_allowed_globals()) | {"argparse.Namespace"}
+    except Exception:  # noqa: BLE001 - a private torch API: degrade to torch's own message
+        return set()
+
+
+def scan_pickle(data: bytes, max_pickles: int = 5) -> tuple[list[str], Optional[str], int]:
+    """Read the opcodes of up to ``max_pickles`` consecutive pickles in ``data`` with ``pickletools.genops``
+    (a parser: nothing is imported, built or run).
+
+    Returns (``module.name`` of every GLOBAL/STACK_GLOBAL, in order; why the data is not a well-formed
+    pickle (the parser's error), or None; how many complete pickles were read before it). ``torch.save``'s legacy format is five pickles
+    back to back followed by raw storage bytes; its zip format holds one (``data.pkl``).
+    """
+    import io
+    import pickletools
+
+    stream = io.BytesIO(data)
+    found: list[str] = []
+    count = 0
+    while count < max_pickles and stream.tell() < len(data):
+        strings: list[str] = []
+        memo: dict[Any, str] = {}
+        try:
+            for op, arg, _pos in pickletools.genops(stream):
+                if op.name in _STRING_OPS and isinstance(arg, (str, bytes)):
+                    strings.append(arg if isinstance(arg, str) else arg.decode("latin-1"))
+                elif op.name in ("BINPUT", "LONG_BINPUT", "PUT") and strings:
+                    memo[arg] = strings[-1]
+                elif op.name == "MEMOIZE" and strings:
+                    memo[len(memo)] = strings[-1]
+                elif op.name in ("BINGET", "LONG_BINGET", "GET") and arg in memo:
+                    strings.append(memo[arg])
+                elif op.name == "GLOBAL" and isinstance(arg, str):
+                    found.append(".".join(arg.split(" ", 1)))
+                elif op.name == "STACK_GLOBAL":
+                    found.append(".".join(strings[-2:]) if len(strings) >= 2 else "(unknown)")
+        except Exception as err:  # noqa: BLE001 - genops raises ValueError and others on garbage
+            return found, _one_line(err, 120), count
+        count += 1
+    return found, None, count
+
+
+def _describe_start(head: bytes) -> str:
+    if not head:
+        return "an empty file (0 bytes)"
+    text = head.decode("utf-8", "replace")
+    if all(ch.isprintable() or ch in "\n\r\t" for ch in text[:32]):
+        return f"text starting {text[:32]!r}"
+    return f"bytes starting {head[:12].hex(' ')}"
+
+
+def _pickle_of(path: Path) -> tuple[Optional[bytes], str, Optional[str]]:
+    """(the pickle bytes to scan, where they are, why the file is not a torch checkpoint at all, or None)."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(_PICKLE_SCAN_BYTES)
+    expected = "expected a torch.save checkpoint (a zip archive holding */data.pkl, or a pickle)"
+    if size == 0:
+        return None, "", "the file is empty"
+    if head[:2] == b"PK":
+        try:
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+                pkl = next((n for n in names if n.endswith("data.pkl") and n.count("/") == 1), None)
+                if pkl is None:
+                    return None, "", f"{expected}, found a zip archive without */data.pkl (members: " \
+                                     f"{_one_line(', '.join(map(repr, names[:6])), 160)})"
+                with z.open(pkl) as member:
+                    return member.read(_PICKLE_SCAN_BYTES), f"{pkl} in the zip archive", None
+        except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, ValueError) as err:
+            return None, "", f"{expected}, found a corrupt or truncated zip archive of {size} bytes " \
+                             f"({_one_line(err, 100)})"
+    if head[:1] != b"\x80" and not head[:1] in (b"(", b"}", b"]", b"c"):
+        return None, "", f"{expected}, found {_describe_start(head)}"
+    return head, "the pickle", None
+
+
+def _torch_error(path: Path, err: Exception) -> UsageError:
+    """One line saying why torch could not load ``path``: not a checkpoint at all, a corrupt zip or pickle,
+    a pickle that needs code (naming the callable), or else torch's own cause. Reads the file again, as
+    data only."""
+    try:
+        data, where, not_torch = _pickle_of(path)
+    except OSError as e:
+        return UsageError(f"cannot read torch checkpoint: {e.strerror or e}", file=str(path))
+    if not_torch:
+        return UsageError(f"cannot read torch checkpoint: {not_torch}", file=str(path))
+    globals_, corrupt, count = scan_pickle(data or b"")
+    allowed = _allowed_globals()
+    code = [g for g in dict.fromkeys(globals_) if allowed and g not in allowed]
+    if not allowed and isinstance(err, pickle.UnpicklingError) and "GLOBAL" in str(err):
+        code = [_torch_reason(err)]  # this torch hides its allowlist: quote its refusal
+    if code:
+        plain = "a plain pickle, not torch.save output: " if count and where == "the pickle" and \
+            not _legacy_magic(data or b"") else ""
+        return UsageError(f"refusing to unpickle: {plain}expected tensors and plain containers only, found a pickle "
+                          f"that needs code to load: it calls {', '.join(code[:3])}, and normaudit never runs "
+                          "code from a checkpoint: normaudit never loads checkpoints with weights_only=False", file=str(path))
+    if corrupt:
+        if where == "the pickle" and count:
+            where = f"pickle {count + 1} of the file"
+        return UsageError(f"cannot read torch checkpoint: expected a well-formed pickle ({where}), found it garbled "
+                          f"or truncated: {corrupt}", file=str(path))
+    if where == "the pickle" and not _legacy_magic(data or b""):
+        return UsageError("cannot read torch checkpoint: expected torch.save output, found a plain Python pickle "
+                          f"({_torch_reason(err)})", file=str(path))
+    return UsageError(f"cannot read torch checkpoint: torch.load(weights_only=True) fails on {where}: "
+                      f"{_torch_reason(err)}", file=str(path))
+
+
+def _legacy_magic(data: bytes) -> bool:
+    """True when ``data`` starts with torch.save's legacy magic number (a pickled long)."""
+    import pickletools
+
+    try:
+        for op, arg, _ in pickletools.genops(data[:64]):
+            if op.name not in ("PROTO", "FRAME"):
+                return op.name in ("LONG1", "LONG", "LONG4") and arg == _LEGACY_MAGIC
+    except Exception:  # noqa: BLE001
+        return False
+    return False
 
 
 def _torch_load(path: Path) -> tuple[Any, bool]:
     """``torch.load`` with ``weights_only=True`` (mmap first, then without for old formats); (obj, mmapped).
 
-    ``argparse.Namespace`` is allowlisted (plain attribute bag, common for embedded training args).
+    Only regular files are loaded (a FIFO or device is refused before opening). ``argparse.Namespace`` is
+    allowlisted (plain attribute bag, common for embedded training args). Raises UsageError saying what the
+    file is, what was expected and what was found (:func:`_torch_error`).
     """
+    require_regular_file(path, "torch checkpoint")
     with warnings.catch_warnings(), torch.serialization.safe_globals([argparse.Namespace]):
         warnings.simplefilter("ignore")
         try:
             return torch.load(path, map_location="cpu", weights_only=True, mmap=True), True
         except pickle.UnpicklingError as e:
-            raise _refusal(path, e) from None
-        except Exception:  # mmap needs the zip format; retry without it, still weights_only
+            raise _torch_error(path, e) from None
+        except Exception:  # noqa: BLE001 - mmap needs the zip format; retry without it, still weights_only
             pass
         try:
             return torch.load(path, map_location="cpu", weights_only=True), False
-        except pickle.UnpicklingError as e:
-            raise _refusal(path, e) from None
-        except Exception as e:
-            cause = _one_line(e) or type(e).__name__
-            if path.stat().st_size == 0:
-                cause = "the file is empty"
-            raise UsageError(f"cannot read torch checkpoint: {cause}", file=str(path)) from None
+        except Exception as e:  # noqa: BLE001 - torch raises KeyError, RuntimeError, ... on bad files
+            raise _torch_error(path, e) from None
 
 
 def _as_dict(value: Any) -> Optional[dict]:
@@ -297,6 +455,30 @@ def _open_file(path: Path):
     return _TorchReader(path)
 
 
+def _check_shard(index: Path, shard: str, tensors: int) -> None:
+    """Refuse a shard the index names outside its own folder (``../x``, an absolute path), of an unknown
+    format, missing, or not a regular file. The check is on the name as written (lexical), so shards that
+    are symlinks into a cache (the Hugging Face hub's ``snapshots/*/x -> ../../blobs/sha``) stay readable;
+    the file they lead to must still be a regular file."""
+    holding = f"holding {tensors} tensor{'s' if tensors != 1 else ''}"
+    parts = shard.replace("\\", "/").split("/")
+    if os.path.isabs(shard) or shard.startswith(("/", "\\")) or ".." in parts or (len(shard) > 1 and shard[1] == ":"):
+        raise UsageError(f"checkpoint index: expected shard files inside the index's folder, found {shard!r} "
+                         f"({holding}), which leaves it; normaudit reads nothing outside the checkpoint's folder",
+                         file=str(index))
+    if not shard.endswith((".safetensors", *TORCH_SUFFIXES)):
+        raise UsageError(f"checkpoint index: expected shard files ending .safetensors, .pt, .pth, .bin or .ckpt, "
+                         f"found {shard!r} ({holding})", file=str(index))
+    path = index.parent / shard
+    if not os.path.lexists(path):
+        raise UsageError(f"checkpoint index names missing shard {shard!r} ({holding}): expected it beside the "
+                         "index, found no such file", file=str(index))
+    try:
+        require_regular_file(path, "checkpoint shard")
+    except UsageError as err:
+        raise UsageError(f"checkpoint index names shard {shard!r} ({holding}): {err.message}", file=str(index)) from None
+
+
 class _ShardedReader:
     """A ``*.index.json`` (``weight_map``: key -> shard file); shards opened only when first needed."""
 
@@ -307,14 +489,21 @@ class _ShardedReader:
         data = _read_json(index, "checkpoint index")
         wmap = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(wmap, dict) or not wmap:
-            raise UsageError("checkpoint index has no 'weight_map' object", file=str(index))
-        self._map = {k: str(v) for k, v in wmap.items()}
+            if not isinstance(data, dict):
+                found = f"a JSON {_json_type(data)}"
+            elif "weight_map" not in data:
+                found = "no 'weight_map' key"
+            else:
+                found = f"'weight_map' as a JSON {_json_type(wmap)}" if not isinstance(wmap, dict) else "it empty"
+            raise UsageError(f"checkpoint index has no 'weight_map' object: expected one mapping tensor names to "
+                             f"shard files, found {found}", file=str(index))
+        for key, shard in wmap.items():
+            if not isinstance(shard, str) or not shard:
+                raise UsageError(f"checkpoint index: expected the shard of {key!r} to be a file name, found "
+                                 f"{_one_line(json.dumps(shard), 60)}", file=str(index))
+        self._map = dict(wmap)
         for shard in sorted(set(self._map.values())):
-            if not (index.parent / shard).is_file():
-                n = sum(1 for v in self._map.values() if v == shard)
-                raise UsageError(f"index names missing shard {shard!r} (holding {n} tensors)", file=str(index))
-            if not shard.endswith((".safetensors", *TORCH_SUFFIXES)):
-                raise UsageError(f"index names shard {shard!r} of unknown format", file=str(index))
+            _check_shard(index, shard, sum(1 for v in self._map.values() if v == shard))
         self._open: dict[str, Any] = {}
 
     def _shard(self, key: str):
@@ -566,10 +755,12 @@ class Checkpoint:
 
 
 def _resolve_dir(d: Path) -> Path:
+    # Anything but a directory counts as a candidate (a FIFO named model.safetensors is refused by its
+    # reader, saying what it is, rather than skipped).
     for name in _DIR_WEIGHTS:
-        if (d / name).is_file():
+        if os.path.lexists(d / name) and not (d / name).is_dir():
             return d / name
-    files = sorted(p for p in d.iterdir() if p.is_file())
+    files = sorted(p for p in d.iterdir() if not p.is_dir())
     indexes = [p for p in files if p.name.endswith(".index.json")]
     weights = [p for p in files if p.name.endswith((".safetensors", *TORCH_SUFFIXES))]
     cands = indexes or weights
@@ -595,8 +786,8 @@ def open_checkpoint(path: str | Path, *, strip_model_prefix: bool = False) -> Ch
     missing shard, a torch file that ``weights_only=True`` refuses to unpickle, or an unreadable one.
     """
     path = Path(path)
-    if not path.exists():
-        raise UsageError("no such file or directory", file=str(path))
+    if not path.is_dir():
+        require_regular_file(path, "checkpoint")
     weights = _resolve_dir(path) if path.is_dir() else path
     name = weights.name
     if name.endswith(".index.json"):
