@@ -27,6 +27,7 @@ from normaudit.suppress import filter_findings
 from normaudit.target.config import load_config, model_config
 from normaudit.target import ModelUnderAudit, load_model
 from normaudit.target.inputs import infer_inputs
+from normaudit.worker import phase
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -74,6 +75,7 @@ def build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule
     path = checkpoint_path(opts, mua)
     if path is None:
         return _build_report(opts, mua, rules, None)
+    phase("checkpoint")
     with open_checkpoint(path) as ckpt:
         return _build_report(opts, mua, rules, ckpt)
 
@@ -92,6 +94,7 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
     inputs = mua.inputs
     assumed = mua.inputs_assumed
     if inputs is None:
+        phase("inputs")
         try:
             inputs, assumed = infer_inputs(mua.model)
         except ValueError as err:
@@ -123,7 +126,10 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
     # meta copy (free) or the user's real model (capture works on its own copy of a real model).
     probe_model = copy.deepcopy(mua.model) if mua.on_meta else mua.model
     by_path = {name: mua.origins[id(m)] for name, m in mua.model.named_modules() if id(m) in mua.origins}
+    phase("capture")
     cap = capture_model(mua.model, inputs, mua.on_meta, dtype)
+    if not cap.complete and mua.inputs is not None:
+        check_inputs_fit(cap, inputs, dtype, mua.file or opts.target)
     # Capture works on its own copy of a real model: carry the construction lines over by module path.
     origins = dict(mua.origins)
     origins.update({id(cap.modules[n]): loc for n, loc in by_path.items() if n in cap.modules})
@@ -134,7 +140,9 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
     ctx = FactContext(cap=cap, origins=origins, input_axes=declared, options=options,
                       probe_model=probe_model, inputs=inputs, config=config, config_source=config_source,
                       config_sources=config_sources, checkpoint=ckpt)
+    phase("facts")
     facts: Facts = collect_facts(ctx)
+    phase("rules")
     sites = [r.site for r in facts.records]
     active = [r for r in rules.values() if _selected(r, opts.select, opts.ignore)]
     findings = evaluate(active, sites, facts.model, config, config_source, options)
@@ -164,6 +172,46 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
                         checkpoint=str(ckpt.path) if ckpt is not None else None, dtype=opts.dtype, batch_size=batch)
     return Report(version=__version__, target=target, capture=info, model=facts.model, sites=sites,
                   findings=findings, summary=summary, notes=notes)
+
+
+#: Errors of fake tensors themselves (data-dependent values, ops without a fake kernel): the model may be fine
+#: on real tensors, so they never blame the inputs.
+_FAKE_LIMITS = ("DataDependentOutputException", "DynamicOutputShapeException", "UnsupportedOperatorException",
+                "UnsupportedFakeTensorException", "GuardOnDataDependentSymNode", "MetadataMismatchError")
+
+
+def check_inputs_fit(cap: Any, inputs: Any, dtype: torch.dtype, where: str) -> None:
+    """After every capture method failed on the user's own ``example_inputs()``: run the model's forward
+    eagerly on fake tensors of those inputs. When that fails too (a shape that does not fit, a crash in the
+    model's code), no audit can happen: raise UsageError with the cause and the user's line. Failures that
+    only fake tensors have (:data:`_FAKE_LIMITS`) are left to the capture warning (NK101)."""
+    from normaudit.capture import fake_inputs
+    from normaudit.target.pyfile import user_error
+
+    root = cap.root
+    tensor = next(iter(list(root.parameters()) + list(root.buffers())), None)
+    mode = getattr(tensor, "fake_mode", None)
+    if mode is None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+    args = fake_inputs(inputs, mode, dtype)
+    try:
+        with mode, torch.no_grad():
+            root(**args) if isinstance(args, dict) else root(*args)
+    except Exception as exc:  # noqa: BLE001 - the model's forward may raise anything
+        names = {type(e).__name__ for e in _chain(exc)}
+        if names & set(_FAKE_LIMITS):
+            return
+        raise user_error(exc, Path(where), "the model's forward fails on its example_inputs()") from exc
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    while exc is not None and exc not in out and len(out) < 20:
+        out.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return out
 
 
 def _library_config(model: Any) -> bool:

@@ -4,6 +4,7 @@
                      [--batch-size N] [--format FMT [-o FILE]]... [--fail-on error|warning|info|never]
                      [--select IDS] [--ignore IDS] [--rules DIR] [--input-axes B,C,H,W]
                      [--baseline FILE] [--write-baseline FILE] [--settings FILE] [--isolated]
+                     [--timeout SECONDS]
     normaudit rules              list the rules
     normaudit explain ID         print one rule's documentation
     normaudit schema             print the JSON schema of the report
@@ -17,6 +18,10 @@ Outputs: each ``-o FILE`` belongs to the ``--format`` just before it (or, given 
 format without ``-o`` goes to stdout, and at most one may. With several targets, ``json`` is one document
 ``{"tool", "version", "reports": [...], "errors": [...], "summary"}``; with one target it is exactly the
 report object of CONTRACT.md. ``sarif`` merges the targets' runs into one log.
+
+Each target's user code (import, build, capture, probes) runs in a worker process under ``--timeout``
+seconds (:mod:`normaudit.worker`): a hang or a crash of the model's code is exit 2 naming the phase. No
+output (``-o``, ``--write-baseline``) may overwrite a target, config, checkpoint or settings file of the run.
 
 Exit status: 0 no finding at or above --fail-on, 1 such findings, 2 bad input or usage, 3 internal error;
 with several targets, the worst over the targets. ``--write-baseline`` exits 0 once the file is written.
@@ -36,6 +41,7 @@ from typing import Any, Optional, Sequence
 
 from normaudit import __version__
 from normaudit.errors import UsageError
+from normaudit.worker import DEFAULT_TIMEOUT
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 FORMATS = ["text", "json", "sarif", "github", "markdown"]
@@ -43,6 +49,16 @@ FORMATS = ["text", "json", "sarif", "github", "markdown"]
 
 def _ids(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -105,6 +121,9 @@ def audit_parser() -> argparse.ArgumentParser:
     p.add_argument("--settings", metavar="FILE", help="the normaudit settings file (default: normaudit.toml or "
                    "pyproject.toml [tool.normaudit] from the current directory upward)")
     p.add_argument("--isolated", action="store_true", help="ignore every settings file")
+    p.add_argument("--timeout", type=_positive_seconds, metavar="SECONDS",
+                   help="seconds each target may take to import, build, capture and probe its model "
+                        "(default 300); past it the target is exit 2 naming the phase")
     p.add_argument("--version", action="version", version=f"normaudit {__version__}")
     p.set_defaults(output_sequence=[])
     return p
@@ -233,6 +252,42 @@ def check_writable(path: str, what: str = "output") -> None:
         raise UsageError(f"cannot write {what}: directory {str(parent)!r} does not exist", file=path)
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise UsageError(f"cannot write {what}: permission denied", file=path)
+
+
+def _inputs_of_run(plan_opts: Sequence[Any], settings: Any) -> list[tuple[str, str]]:
+    """``(path, what)`` of every existing file the run reads: targets (the files of a target directory),
+    configs, checkpoints and the settings file."""
+    from normaudit.target.pyfile import split_target
+
+    named: list[tuple[str, str]] = []
+    for opts in plan_opts:
+        named.append((str(split_target(opts.target)[0]), "a target"))
+        named += [(p, what) for p, what in ((opts.config, "a config"), (opts.checkpoint, "a checkpoint")) if p]
+    if settings is not None and settings.source is not None:
+        named.append((str(settings.source), "the settings file"))
+    found: list[tuple[str, str]] = []
+    for path, what in named:
+        p = Path(path)
+        if p.is_dir():
+            with contextlib.suppress(OSError):
+                found += [(str(f), f"a file of {what} directory") for f in p.iterdir() if f.is_file()]
+        elif p.exists():
+            found.append((path, what))
+    return found
+
+
+def refuse_overwriting_inputs(paths: Sequence[tuple[str, str]], inputs: Sequence[tuple[str, str]]) -> None:
+    """Raise UsageError when an output path (``(path, what)``: ``-o`` files, the baseline to write) is the same
+    file as one the run reads (:func:`_inputs_of_run`), compared by ``os.path.samefile`` (links and ``..``
+    included)."""
+    for out, kind in paths:
+        if not os.path.exists(out):
+            continue
+        for path, what in inputs:
+            with contextlib.suppress(OSError):
+                if os.path.samefile(out, path):
+                    raise UsageError(f"refusing to write the {kind} over {what} of this run; give another file",
+                                     file=out)
 
 
 def _write(text: str, path: Optional[str]) -> None:
@@ -411,6 +466,9 @@ def _cmd_audit(argv: Sequence[str]) -> int:
     rules_dirs = args.rules if args.rules is not None else list(settings.rules)
     rules = load_rules(rules_dirs)
     plan_opts = [_target_options(t, args, settings, rules_dirs) for t in targets]
+    written = [(s.path, f"{s.fmt} output") for s in outputs if s.path is not None]
+    written += [(args.write_baseline, "baseline")] if args.write_baseline else []
+    refuse_overwriting_inputs(written, _inputs_of_run(plan_opts, settings))
     first = plan_opts[0]
     for name, flag in (("select", args.select), ("ignore", args.ignore)):
         if flag is not None:
@@ -435,6 +493,7 @@ def _cmd_audit(argv: Sequence[str]) -> int:
         baseline = load_baseline(baseline_path)
     base = baseline_dir(baseline_path)
 
+    timeout = args.timeout or settings.timeout or DEFAULT_TIMEOUT
     multi = len(plan_opts) > 1
     progress = multi and _stderr_is_tty()
     results: list[TargetResult] = []
@@ -445,9 +504,7 @@ def _cmd_audit(argv: Sequence[str]) -> int:
         started = time.monotonic()
         result = TargetResult(target=opts.target)
         try:
-            # User code may print; keep stdout for the report alone.
-            with _user_code_output():
-                result.report = _audit_one(opts, rules, baseline, base)
+            result.report = _run_target(opts, rules, baseline, base, timeout)
             result.status = exit_status(result.report, fail_on)
         except UsageError as err:
             if not multi:
@@ -456,8 +513,7 @@ def _cmd_audit(argv: Sequence[str]) -> int:
         except Exception as exc:  # noqa: BLE001 - one target's internal error must not hide the others
             if not multi or debug:
                 raise
-            text = " ".join(str(exc).split())[:500]
-            result.status, result.error = EXIT_INTERNAL, f"internal error: {type(exc).__name__}: {text}"
+            result.status, result.error = EXIT_INTERNAL, f"internal error: {_internal_text(exc)}"
         results.append(result)
         if progress:
             r = result.report
@@ -483,37 +539,21 @@ def _cmd_audit(argv: Sequence[str]) -> int:
 COMMANDS = {"rules": _cmd_rules, "explain": _cmd_explain, "schema": _cmd_schema}
 
 
-@contextlib.contextmanager
-def _user_code_output():
-    """While user code and torch run, keep stdout for the report alone: Python-level prints and writes
-    to file descriptor 1 (C extensions, ``os.write(1, ...)``) go to stderr; torch's internal error logs
-    (fake-tensor tracebacks of shapes that do not fit, already summarised in the report) are silenced."""
-    import logging
+def _run_target(opts: Any, rules: dict, baseline: Any, base: Path, timeout: float) -> Any:
+    """Audit one target in a worker process under ``timeout`` seconds (:func:`normaudit.worker.run_isolated`);
+    the user's prints go to stderr there, so stdout keeps the report alone."""
+    from normaudit.report import Report
+    from normaudit.worker import run_isolated
 
-    torch_logs = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
-                  if name == "torch" or name.startswith("torch.")]
-    torch_logs.append(logging.getLogger("torch"))
-    old_levels = [(log, log.level) for log in torch_logs]
-    for log in torch_logs:
-        log.setLevel(logging.CRITICAL)
-    saved = None
-    try:
-        sys.stdout.flush()
-        saved = os.dup(1)
-        os.dup2(2, 1)
-    except OSError:
-        saved = None
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        if saved is not None:
-            with contextlib.suppress(OSError):
-                sys.stderr.flush()
-                os.dup2(saved, 1)
-                os.close(saved)
-        for log, level in old_levels:
-            log.setLevel(level)
+    return run_isolated(opts.target, lambda: _audit_one(opts, rules, baseline, base), timeout, Report)
+
+
+def _internal_text(exc: BaseException) -> str:
+    """``Kind: message`` of an internal error on one line (a worker's error keeps its own kind)."""
+    from normaudit.target.pyfile import safe_str
+
+    kind = getattr(exc, "kind", None) or type(exc).__name__
+    return f"{kind}: {' '.join(safe_str(exc, 500).split())}"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -540,7 +580,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Exception as exc:  # noqa: BLE001 - CONTRACT: internal errors are exit 3, one line
         if os.environ.get("NORMAUDIT_DEBUG"):
             raise
-        text = " ".join(str(exc).split())[:500]
-        print(f"normaudit: internal error: {type(exc).__name__}: {text} (set NORMAUDIT_DEBUG=1 for a traceback)",
+        print(f"normaudit: internal error: {_internal_text(exc)} (set NORMAUDIT_DEBUG=1 for a traceback)",
               file=sys.stderr)
         return EXIT_INTERNAL

@@ -17,6 +17,7 @@ the file. Example::
     rules = ["tools/normaudit-rules"]
     config = "configs/model.yaml"
     baseline = "normaudit-baseline.json"
+    timeout = 300             # seconds per target for import, build, capture and probes
 
 Relative paths (``targets``, ``rules``, ``config``, ``baseline``, a target's ``config``/``checkpoint``)
 are relative to the directory of the settings file. An unknown key, a wrong type or a TOML syntax error
@@ -30,7 +31,8 @@ import re
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, PrivateAttr, ValidationError,
+                      field_validator)
 
 from normaudit.errors import UsageError
 
@@ -83,6 +85,8 @@ class Settings(_Strict):
     input_axes: Optional[str] = Field(default=None, alias="input-axes")
     config: Optional[str] = None
     baseline: Optional[str] = None
+    #: Seconds per target for import, build, capture and probes (``--timeout``; default 300).
+    timeout: Optional[PositiveFloat] = None
 
     _axes = field_validator("input_axes")(classmethod(lambda cls, v: _check_axes(v)))
     #: The file these settings came from (None for defaults); not a key of the file.

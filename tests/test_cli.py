@@ -280,8 +280,9 @@ def test_docstring_examples():
 
 
 def test_json_stdout_survives_fd_writes_and_torch_logs(tmp_path):
-    """User code writing to file descriptor 1, and torch logging tracebacks for inputs that do not fit,
-    must not corrupt the one JSON document on stdout nor put a traceback on stderr."""
+    """User code writing to file descriptor 1, and torch logging tracebacks for a model that cannot be
+    captured, must not corrupt the one JSON document on stdout nor put a traceback on stderr. (Inputs that
+    do not fit the model at all are exit 2: tests/test_bad_models.py.)"""
     import json
     import subprocess
     import sys
@@ -289,8 +290,11 @@ def test_json_stdout_survives_fd_writes_and_torch_logs(tmp_path):
     model = tmp_path / "noisy.py"
     model.write_text("import os, torch\nfrom torch import nn\n"
                      "def build_model():\n    os.write(1, b'FD1 write\\n')\n    print('py print')\n"
-                     "    return nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))\n"
-                     "def example_inputs():\n    return (torch.randn(2, 5),)\n")
+                     "    return Noisy()\n"
+                     "class Noisy(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                     "        self.norm = nn.LayerNorm(4)\n"
+                     "    def forward(self, x):\n        return self.norm(x) if x.sum() > 0 else x\n"
+                     "def example_inputs():\n    return (torch.randn(2, 4),)\n")
     proc = subprocess.run([sys.executable, "-m", "normaudit", str(model), "--format", "json"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0

@@ -78,13 +78,18 @@ def load_model(target: str) -> ModelUnderAudit:
     if path.suffix == ".py" or (path.is_file() and path.suffix == ""):
         loaded = load_python_target(target)
         return ModelUnderAudit(model=loaded.model, inputs=loaded.inputs, on_meta=loaded.on_meta, kind="python",
-                               factory=loaded.factory, origins=loaded.origins, file=loaded.file)
+                               factory=loaded.factory, origins=loaded.origins, file=loaded.file,
+                               notes=list(loaded.notes))
     if path.exists():
+        from normaudit.worker import phase
+
         if is_checkpoint_path(path):
+            phase("checkpoint")
             return load_checkpoint_target(path)
         if path.is_dir() or path.suffix.lower() == ".json":
             from normaudit.target.hf import load_hf_target
 
+            phase("build")
             return load_hf_target(path)
         raise UsageError("unsupported target: give a model .py file (model.py or model.py:factory), a directory "
                          "with a Hugging Face config.json, a config.json, or package.module:factory", file=str(path))
@@ -115,8 +120,10 @@ def load_module_target(module_name: str, factory: str) -> ModelUnderAudit:
     Nothing is written into the user's tree (no ``__pycache__``). Raises UsageError when the module cannot be
     found or imported, or the factory is missing or fails.
     """
-    from normaudit.target.pyfile import build_from_module, user_error
+    from normaudit.target.pyfile import build_from_module, keep_recursion_limit, safe_str, user_error
+    from normaudit.worker import in_worker, phase
 
+    phase("import")
     old = sys.dont_write_bytecode
     sys.dont_write_bytecode = True
     try:
@@ -133,12 +140,13 @@ def load_module_target(module_name: str, factory: str) -> ModelUnderAudit:
                                  file=module_name)
             origin = Path(spec.origin) if spec.origin and spec.origin not in ("built-in", "frozen") else None
             try:
-                module = importlib.import_module(module_name)
-            except KeyboardInterrupt:
-                raise
+                with keep_recursion_limit():
+                    module = importlib.import_module(module_name)
             except BaseException as exc:  # noqa: BLE001 - user code may raise anything
+                if isinstance(exc, KeyboardInterrupt) and not in_worker():
+                    raise
                 if origin is None:
-                    raise UsageError(f"import failed: {type(exc).__name__}: {exc}", file=module_name) from exc
+                    raise UsageError(f"import failed: {type(exc).__name__}: {safe_str(exc)}", file=module_name) from exc
                 raise user_error(exc, origin, "import failed") from exc
     finally:
         sys.dont_write_bytecode = old
@@ -147,6 +155,7 @@ def load_module_target(module_name: str, factory: str) -> ModelUnderAudit:
     if fn is None or not callable(fn):
         raise UsageError(f"no callable {factory}() in module {module_name} (define one, or name it as "
                          f"{module_name}:NAME)", file=str(where))
-    model, inputs, on_meta, origins = build_from_module(module, fn, factory, where)
+    model, inputs, on_meta, origins, notes = build_from_module(module, fn, factory, where)
     return ModelUnderAudit(model=model, inputs=inputs, on_meta=on_meta, kind="python",
-                           factory=f"{module_name}:{factory}", origins=origins, file=str(where.resolve()))
+                           factory=f"{module_name}:{factory}", origins=origins, file=str(where.resolve()),
+                           notes=notes)

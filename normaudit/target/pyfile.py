@@ -8,9 +8,13 @@ frame is inside ``torch.nn``, the module class that raised (``GroupNorm``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
+import os
+import site
 import sys
+import sysconfig
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +26,7 @@ from torch import nn
 
 from normaudit.errors import UsageError
 from normaudit.report import SourceLocation
+from normaudit.worker import in_worker, phase
 
 
 @dataclass
@@ -39,6 +44,7 @@ class LoadedModel:
     factory: str
     module: Optional[ModuleType] = None
     origins: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def split_target(spec: str) -> tuple[Path, Optional[str]]:
@@ -71,19 +77,42 @@ def user_error(exc: BaseException, user_file: Path, what: str) -> UsageError:
             line = exc.lineno
     module_class = None
     tb = exc.__traceback__
+    nn_root = _package_root(torch) / "nn"
     while tb is not None:
         frame = tb.tb_frame
-        fname = frame.f_code.co_filename.replace("\\", "/")
-        if "/torch/nn/" in fname:
+        if _under(_resolved(frame.f_code.co_filename), (nn_root,)):
             owner = frame.f_locals.get("self")
             if isinstance(owner, nn.Module):
                 module_class = type(owner).__name__
         tb = tb.tb_next
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = safe_str(exc)
     message = f"{what}: {type(exc).__name__}: {text}" if text else f"{what}: {type(exc).__name__}"
     if module_class:
         message += f" (raised in torch.nn {module_class})"
     return UsageError(message, file=str(user_file), line=line)
+
+
+def safe_str(exc: BaseException, limit: int = 300) -> str:
+    """The first line of ``str(exc)``, at most ``limit`` characters; an exception whose ``__str__`` itself
+    raises (user code may define anything) is described instead of letting that second error escape."""
+    try:
+        text = str(exc)
+    except BaseException:  # noqa: BLE001 - a broken __str__ of user code
+        return f"(its message cannot be shown: {type(exc).__name__}.__str__ raised)"
+    text = text.strip().splitlines()[0] if text.strip() else ""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@contextlib.contextmanager
+def keep_recursion_limit():
+    """Undo a lowered recursion limit (``sys.setrecursionlimit(50)`` in a model file) once user code returns,
+    so normaudit's own code keeps the interpreter's limit; a raised limit is kept (the model may need it)."""
+    saved = sys.getrecursionlimit()
+    try:
+        yield
+    finally:
+        if sys.getrecursionlimit() < saved:
+            sys.setrecursionlimit(saved)
 
 
 def import_file(path: Path) -> ModuleType:
@@ -103,11 +132,13 @@ def import_file(path: Path) -> ModuleType:
     old_dont_write = sys.dont_write_bytecode
     sys.dont_write_bytecode = True
     sys.path.insert(0, str(resolved.parent))
+    phase("import")
     try:
-        spec.loader.exec_module(module)
+        with keep_recursion_limit():
+            spec.loader.exec_module(module)
     except BaseException as exc:  # noqa: BLE001 - user code may raise anything
         sys.modules.pop(name, None)
-        if isinstance(exc, KeyboardInterrupt):
+        if isinstance(exc, KeyboardInterrupt) and not in_worker():
             raise
         raise user_error(exc, resolved, "import failed") from exc
     finally:
@@ -117,24 +148,97 @@ def import_file(path: Path) -> ModuleType:
     return module
 
 
-def _caller_location() -> Optional[SourceLocation]:
-    """The innermost stack frame outside torch and normaudit: where user code constructed a module."""
+# ------------------------------------------------------------------------------- whose code is this frame?
+def _resolved(filename: str) -> Optional[Path]:
+    """``filename`` of a code object as a resolved path, or None for ``<string>``-like pseudo files."""
+    if not filename or filename.startswith("<"):
+        return None
+    return _resolve_cached(filename)
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolve_cached(filename: str) -> Optional[Path]:
+    try:
+        return Path(filename).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
+def _under(path: Optional[Path], roots: tuple[Path, ...]) -> bool:
+    return path is not None and any(path == r or r in path.parents for r in roots)
+
+
+def _package_root(module: ModuleType) -> Path:
+    return Path(module.__file__).resolve().parent
+
+
+@functools.lru_cache(maxsize=1)
+def tool_roots() -> tuple[Path, ...]:
+    """The real directories of the installed normaudit and torch packages (their frames are never user code)."""
+    import normaudit
+
+    return (_package_root(normaudit), _package_root(torch))
+
+
+@functools.lru_cache(maxsize=1)
+def installed_roots() -> tuple[Path, ...]:
+    """Where the interpreter keeps code that is not the user's: normaudit, torch, the standard library,
+    site-packages (``sysconfig`` paths ``stdlib``, ``platstdlib``, ``purelib``, ``platlib``, ``scripts``,
+    ``site.getsitepackages()``, the user site), resolved."""
+    paths = sysconfig.get_paths()
+    raw = [paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib", "scripts")]
+    with contextlib.suppress(AttributeError):  # virtualenv's old site module
+        raw += list(site.getsitepackages()) + [site.getusersitepackages()]
+    roots = list(tool_roots())
+    for r in raw:
+        if r and os.path.isdir(r):
+            roots.append(Path(r).resolve())
+    return tuple(dict.fromkeys(roots))
+
+
+def is_user_file(filename: str, target: Optional[Path] = None) -> bool:
+    """True when code in ``filename`` is the user's: the target file itself; files in the target's directory
+    (its local imports, even when the target is an installed package) outside normaudit and torch; and any
+    file outside every installation root (:func:`installed_roots`). Decided by the files' real paths, never
+    by a substring of them, so a checkout named ``normaudit`` or ``torch`` is still the user's."""
+    path = _resolved(filename)
+    if path is None:
+        return False
+    if target is not None:
+        target = _resolve_cached(str(target)) or target
+        if path == target:
+            return True
+        if (target.parent not in installed_roots() and _under(path, (target.parent,))
+                and not _under(path, tool_roots())):
+            return True
+    return not _under(path, installed_roots())
+
+
+def is_tool_file(filename: str) -> bool:
+    """True for code of normaudit or torch themselves (by their installed roots) and for ``<...>`` pseudo
+    files: frames a recorded stack trace skips to reach the model's code."""
+    path = _resolved(filename)
+    return path is None or _under(path, tool_roots())
+
+
+def _caller_location(target: Optional[Path] = None) -> Optional[SourceLocation]:
+    """The innermost stack frame in user code (:func:`is_user_file`): where user code constructed a module."""
     frame = sys._getframe(2)
     while frame is not None:
-        fname = frame.f_code.co_filename.replace("\\", "/")
-        if "/torch/" not in fname and "/normaudit/" not in fname and not fname.startswith("<"):
+        if is_user_file(frame.f_code.co_filename, target):
             return SourceLocation(file=frame.f_code.co_filename, line=frame.f_lineno)
         frame = frame.f_back
     return None
 
 
 @contextlib.contextmanager
-def record_origins(origins: dict[int, SourceLocation]):
+def record_origins(origins: dict[int, SourceLocation], target: Optional[Path] = None):
     """Record, for every submodule registered while the block runs, the user line that constructed it
-    (``id(module) -> SourceLocation``), through torch's global module registration hook."""
+    (``id(module) -> SourceLocation``), through torch's global module registration hook. ``target`` is the
+    model file (or the factory's file) whose directory counts as user code (:func:`is_user_file`)."""
     def hook(module, name, submodule):
         if isinstance(submodule, nn.Module) and id(submodule) not in origins:
-            loc = _caller_location()
+            loc = _caller_location(target)
             if loc is not None:
                 origins[id(submodule)] = loc
 
@@ -145,49 +249,186 @@ def record_origins(origins: dict[int, SourceLocation]):
         handle.remove()
 
 
-def _call(fn: Callable[[], Any], path: Path, what: str, meta: bool) -> Any:
+# ------------------------------------------------------------------------------------ building user models
+#: Factories whose size comes from Python scalars (schedules, constants): under a meta build they still make
+#: small CPU tensors, so ``[x.item() for x in torch.linspace(0, 0.1, depth)]`` (timm's drop-path rates) works.
+_SCALAR_FACTORIES = frozenset(f for f in (torch.linspace, torch.logspace, torch.arange, torch.tensor,
+                                          torch.as_tensor, torch.scalar_tensor) if f is not None)
+_TO_DEVICE = frozenset({torch.Tensor.cuda, torch.Tensor.to})
+_ACCELERATORS = ("cuda", "mps", "xpu", "hpu", "npu")
+
+
+def _is_accelerator(device: Any) -> bool:
+    if isinstance(device, int):  # .cuda(0)
+        return True
+    if isinstance(device, (str, torch.device)):
+        with contextlib.suppress(RuntimeError, TypeError):
+            return torch.device(device).type in _ACCELERATORS
+    return False
+
+
+def _only_python_numbers(data: Any) -> bool:
+    if isinstance(data, (bool, int, float)):
+        return True
+    return isinstance(data, (list, tuple)) and all(_only_python_numbers(d) for d in data)
+
+
+class BuildMode(torch.overrides.TorchFunctionMode):
+    """The device policy while a factory builds the model (a ``TorchFunctionMode`` inside the meta device
+    context, so it sees each call first):
+
+    - ``.cuda()``, ``.to('cuda')`` and ``device='cuda'`` (or ``mps``/``xpu``...) are kept where the build
+      happens (meta, or CPU): the audit captures on fake CPU tensors. Each request is recorded in
+      ``accelerator_requests``.
+    - on a meta build (``meta=True``), the scalar factories of :data:`_SCALAR_FACTORIES` without an explicit
+      device make CPU tensors (drop-path schedules, constants read with ``.item()``); parameters and the rest
+      stay on meta.
+    """
+
+    def __init__(self, meta: bool):
+        super().__init__()
+        self.meta = meta
+        self.accelerator_requests: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func in _TO_DEVICE:
+            return self._keep_device(func, args, kwargs)
+        if _is_accelerator(kwargs.get("device")):
+            self.accelerator_requests.append(f"device={str(kwargs['device'])!r}")
+            kwargs["device"] = "meta" if self.meta else "cpu"
+        elif (self.meta and func in _SCALAR_FACTORIES and "device" not in kwargs
+              and (func not in (torch.tensor, torch.as_tensor) or _only_python_numbers(args[0] if args else None))):
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
+
+    def _keep_device(self, func, args, kwargs):
+        """``Tensor.cuda(...)`` is the tensor itself; ``Tensor.to(...)`` keeps the dtype part only."""
+        if func is torch.Tensor.cuda:
+            self.accelerator_requests.append(".cuda()")
+            return args[0]
+        rest = list(args[1:])
+        if rest and _is_accelerator(rest[0]):
+            self.accelerator_requests.append(f".to({str(rest[0])!r})")
+            rest[0] = args[0].device
+        if _is_accelerator(kwargs.get("device")):
+            self.accelerator_requests.append(f".to(device={str(kwargs['device'])!r})")
+            kwargs["device"] = args[0].device
+        return func(args[0], *rest, **kwargs)
+
+
+def _call(fn: Callable[[], Any], path: Path, what: str, mode: Optional[BuildMode] = None) -> Any:
+    """Call user code ``fn`` (under ``torch.device('meta')`` and ``mode`` when ``mode.meta``); any exception it
+    raises, ``SystemExit`` included, becomes a UsageError naming ``path`` (KeyboardInterrupt too in a worker)."""
     old = sys.dont_write_bytecode
     sys.dont_write_bytecode = True
     try:
-        if meta:
-            with torch.device("meta"):
-                return fn()
-        return fn()
-    except KeyboardInterrupt:
-        raise
+        with keep_recursion_limit(), contextlib.ExitStack() as stack:
+            if mode is not None and mode.meta:
+                stack.enter_context(torch.device("meta"))
+            if mode is not None:
+                stack.enter_context(mode)
+            return fn()
+    except KeyboardInterrupt as exc:
+        if not in_worker():
+            raise
+        raise user_error(exc, path, what) from exc
     except BaseException as exc:  # noqa: BLE001
         raise user_error(exc, path, what) from exc
     finally:
         sys.dont_write_bytecode = old
 
 
-def build_from_module(module: ModuleType, fn: Callable[[], Any], factory: str, where: Path
-                      ) -> tuple[nn.Module, Any, bool, dict[int, SourceLocation]]:
-    """Call the factory (on the meta device when it allows it, else for real) and ``example_inputs()``.
+@dataclass
+class Build:
+    """A model built from a factory: ``on_meta`` False when it had to be built with real weights
+    (``meta_error`` says why); ``notes`` go into the report."""
 
-    Returns ``(model, inputs or None, on_meta, origins)``. Raises UsageError naming ``where`` when the
-    factory or ``example_inputs()`` raise or return the wrong type.
-    """
-    on_meta = True
+    model: nn.Module
+    on_meta: bool
+    origins: dict[int, SourceLocation]
+    notes: list[str] = field(default_factory=list)
+    meta_error: Optional[str] = None
+
+
+def build_model_from(fn: Callable[[], Any], factory: str, where: Path) -> Build:
+    """Call the factory on the meta device (no weight memory) when it allows it, else for real; both under
+    :class:`BuildMode`. A real build is said in the notes and on stderr with the bytes its parameters and
+    buffers take. Raises UsageError naming ``where`` when the factory fails or returns no ``nn.Module``."""
     origins: dict[int, SourceLocation] = {}
+    mode = BuildMode(meta=True)
+    meta_error = None
     try:
-        with record_origins(origins):
-            model = _call(fn, where, f"{factory}() failed", meta=True)
+        with record_origins(origins, where):
+            model = _call(fn, where, f"{factory}() failed", mode)
         if isinstance(model, nn.Module) and _has_meta_mixed(model):
-            raise RuntimeError("meta build mixed devices")
-    except (UsageError, RuntimeError):
+            raise RuntimeError("some parameters are not on the meta device (the factory made or loaded real ones)")
+    except (UsageError, RuntimeError) as err:
         # The factory may need real tensors (data-dependent init); build for real. If it fails again
         # the error is the user's and names their line.
-        on_meta = False
+        meta_error = _meta_cause(err, factory)
         origins.clear()
-        with record_origins(origins):
-            model = _call(fn, where, f"{factory}() failed", meta=False)
+        mode = BuildMode(meta=False)
+        with record_origins(origins, where):
+            model = _call(fn, where, f"{factory}() failed", mode)
     if not isinstance(model, nn.Module):
         raise UsageError(f"{factory}() returned {type(model).__name__}, not a torch.nn.Module", file=str(where))
+    build = Build(model=model, on_meta=meta_error is None, origins=origins, meta_error=meta_error)
+    if mode.accelerator_requests:
+        asked = ", ".join(dict.fromkeys(mode.accelerator_requests))
+        build.notes.append(f"{factory}() asked for an accelerator ({asked}): the model was kept on "
+                           f"{'the meta device' if build.on_meta else 'the CPU'} for the audit, which captures "
+                           "on fake CPU tensors")
+    if meta_error is not None:
+        size = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+        note = (f"the model was materialised: {factory}() could not run on the meta device ({meta_error}), so it "
+                f"was built with real weights: {_human_bytes(size)} of parameters and buffers")
+        build.notes.append(note)
+        print(f"normaudit: note: {_display(where)}: {note}", file=sys.stderr)
+    return build
+
+
+def _meta_cause(err: BaseException, factory: str) -> str:
+    """Why a meta build failed, for the note: the exception and the user's line, without the 'failed' prefix."""
+    if isinstance(err, UsageError):
+        text = err.message.removeprefix(f"{factory}() failed: ")
+        return f"{text}, line {err.line}" if err.line else text
+    return safe_str(err)
+
+
+def _human_bytes(n: int) -> str:
+    """``n`` bytes as ``'1536 bytes (1.5 KiB)'``, in binary units (KiB, MiB, GiB)."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n} bytes ({n / size:.1f} {unit})"
+    return f"{n} bytes"
+
+
+def _display(path: Path) -> str:
+    with contextlib.suppress(ValueError):
+        rel = os.path.relpath(path)
+        if not rel.startswith(".."):
+            return rel
+    return str(path)
+
+
+def build_from_module(module: ModuleType, fn: Callable[[], Any], factory: str, where: Path
+                      ) -> tuple[nn.Module, Any, bool, dict[int, SourceLocation], list[str]]:
+    """Build the model (:func:`build_model_from`) and call the module's ``example_inputs()`` if it has one.
+
+    Returns ``(model, inputs or None, on_meta, origins, notes)``. Raises UsageError naming ``where`` when the
+    factory or ``example_inputs()`` raise, return the wrong type or ``example_inputs`` is not a function.
+    """
+    phase("build")
+    build = build_model_from(fn, factory, where)
     inputs = None
     ex = getattr(module, "example_inputs", None)
-    if callable(ex):
-        inputs = _call(ex, where, "example_inputs() failed", meta=False)
+    if ex is not None and not callable(ex):
+        raise UsageError(f"example_inputs is not a function (it is a {type(ex).__name__} object): define example_inputs() "
+                         "returning a tuple or a dict of inputs", file=str(where))
+    if ex is not None:
+        phase("inputs")
+        inputs = _call(ex, where, "example_inputs() failed")
         if isinstance(inputs, torch.Tensor):
             inputs = (inputs,)
         if isinstance(inputs, list):
@@ -195,7 +436,7 @@ def build_from_module(module: ModuleType, fn: Callable[[], Any], factory: str, w
         if not isinstance(inputs, (tuple, dict)):
             raise UsageError(f"example_inputs() returned {type(inputs).__name__}; return a tuple or a dict",
                              file=str(where))
-    return model, inputs, on_meta, origins
+    return build.model, inputs, build.on_meta, build.origins, build.notes
 
 
 def load_python_target(spec: str) -> LoadedModel:
@@ -211,12 +452,12 @@ def load_python_target(spec: str) -> LoadedModel:
     if fn is None or not callable(fn):
         raise UsageError(f"no callable {factory}() (define one, or name the factory as FILE.py:NAME)",
                          file=str(path))
-    model, inputs, on_meta, origins = build_from_module(module, fn, factory, path)
+    model, inputs, on_meta, origins, notes = build_from_module(module, fn, factory, path)
     return LoadedModel(model=model, inputs=inputs, on_meta=on_meta, file=str(path.resolve()),
-                       factory=factory, module=module, origins=origins)
+                       factory=factory, module=module, origins=origins, notes=notes)
 
 
 def _has_meta_mixed(model: nn.Module) -> bool:
-    """True when some tensors of a meta-built model are not on meta (a factory that loads real data)."""
-    devices = {t.device.type for t in list(model.parameters()) + list(model.buffers())}
-    return len(devices) > 1
+    """True when some parameters of a meta-built model are not on meta (a factory that loads real weights).
+    Buffers may be real CPU tensors (a rotary ``inv_freq`` made from ``torch.arange``): they are kept."""
+    return len({p.device.type for p in model.parameters()}) > 1

@@ -1,0 +1,255 @@
+"""Run one target's audit (import, build, inputs, capture, facts, probes: all the user code) in a worker process.
+
+The command line audits each target in a child process forked from itself (torch and the rules are already
+loaded, so a fork starts at once), under a deadline (``--timeout``, :data:`DEFAULT_TIMEOUT` seconds per
+target). Whatever the user's code does there, the parent ends with a report or one line of error: an
+endless loop, a ``time.sleep`` at import, ``os._exit()``, a segfault, ``sys.exit`` or ``KeyboardInterrupt``
+raised by the model are a :class:`~normaudit.errors.UsageError` (exit 2) naming the target and the phase
+the worker had reached (:data:`PHASES`, reported by :func:`phase` as the audit goes). The report travels
+back as the pydantic JSON of :class:`~normaudit.report.Report`.
+
+:class:`Job` is one running worker: start several and collect them in turn to audit targets in parallel.
+Where ``fork`` does not exist (Windows) the audit runs in the process itself, without a deadline.
+:func:`normaudit.audit.run_audit` (and :mod:`normaudit.testing`) always run in the calling process.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import sys
+import time
+import traceback
+import warnings
+from typing import Any, Callable, Optional
+
+from normaudit.errors import UsageError
+
+#: Seconds a target may take for import, build, capture and probes (``--timeout``, ``timeout`` in settings).
+DEFAULT_TIMEOUT = 300.0
+
+#: The phases of one target's audit, as the error message words them ("timed out ... while capturing the model").
+PHASES = {
+    "start": "starting the audit",
+    "import": "importing the model file",
+    "build": "building the model",
+    "inputs": "making the example inputs",
+    "checkpoint": "reading the checkpoint",
+    "capture": "capturing the model",
+    "facts": "deriving the facts and running the probes",
+    "rules": "evaluating the rules",
+    "report": "sending the report",
+}
+
+_state: dict[str, Any] = {"channel": None, "phase": "start"}
+
+
+def phase(name: str) -> None:
+    """Record that the audit has reached phase ``name`` (a key of :data:`PHASES`); in a worker the parent
+    is told, so a timeout or a crash names the phase."""
+    _state["phase"] = name
+    channel = _state["channel"]
+    if channel is not None:
+        with contextlib.suppress(OSError, ValueError):
+            channel.send(("phase", name))
+
+
+def in_worker() -> bool:
+    """True inside a worker process (there a ``KeyboardInterrupt`` can only come from the user's code: the
+    worker ignores SIGINT and the parent ends it on Ctrl-C)."""
+    return _state["channel"] is not None
+
+
+def can_isolate() -> bool:
+    """True where workers can be forked (POSIX)."""
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+class WorkerError(Exception):
+    """An internal error of normaudit inside a worker (exit status 3): ``kind`` is the exception's type name."""
+
+    def __init__(self, kind: str, text: str):
+        super().__init__(text)
+        self.kind = kind
+        self.text = text
+
+
+@contextlib.contextmanager
+def user_code_output():
+    """While user code and torch run, keep stdout for the report alone: Python-level prints and writes
+    to file descriptor 1 (C extensions, ``os.write(1, ...)``, subprocesses) go to stderr; torch's internal
+    error logs (fake-tensor tracebacks of shapes that do not fit, already summarised in the report) are
+    silenced."""
+    torch_logs = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+                  if name == "torch" or name.startswith("torch.")]
+    torch_logs.append(logging.getLogger("torch"))
+    old_levels = [(log, log.level) for log in torch_logs]
+    for log in torch_logs:
+        log.setLevel(logging.CRITICAL)
+    saved = None
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except (OSError, ValueError):
+        saved = None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if saved is not None:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+                os.dup2(saved, 1)
+                os.close(saved)
+        for log, level in old_levels:
+            log.setLevel(level)
+
+
+def _user_location(exc: BaseException) -> tuple[Optional[str], Optional[int]]:
+    """The innermost frame of ``exc``'s traceback in user code (file, line), or (None, None)."""
+    from normaudit.target.pyfile import is_user_file
+
+    found: tuple[Optional[str], Optional[int]] = (None, None)
+    for fr in traceback.extract_tb(exc.__traceback__):
+        if is_user_file(fr.filename):
+            found = (fr.filename, fr.lineno)
+    return found
+
+
+def _describe(exc: BaseException, target: str) -> tuple:
+    """The message a worker sends for an exception that ended the audit."""
+    from normaudit.target.pyfile import safe_str
+
+    if isinstance(exc, UsageError):
+        return ("usage", exc.message, exc.file, exc.line)
+    if isinstance(exc, (SystemExit, KeyboardInterrupt, GeneratorExit)):
+        file, line = _user_location(exc)
+        text = safe_str(exc) if not isinstance(exc, SystemExit) else repr(exc.code)
+        what = f"the model's code raised {type(exc).__name__}" + (f" ({text})" if text else "")
+        return ("usage", f"{what} while {PHASES.get(_state['phase'], _state['phase'])}", file or target, line)
+    detail = traceback.format_exc() if os.environ.get("NORMAUDIT_DEBUG") else None
+    return ("internal", type(exc).__name__, safe_str(exc, 500), detail)
+
+
+def _child(conn: Any, work: Callable[[], Any], target: str) -> None:
+    """The worker: run ``work`` (returns a pydantic model) with stdout sent to stderr; send back the result."""
+    _state["channel"] = conn
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with user_code_output():
+            result = work()
+            phase("report")
+        message: tuple = ("report", result.model_dump_json())
+    except BaseException as exc:  # noqa: BLE001 - everything must travel back as one message
+        message = _describe(exc, target)
+    with contextlib.suppress(OSError, ValueError):
+        conn.send(message)
+        conn.close()
+
+
+class Job:
+    """One target's audit in a worker process: :meth:`start` forks it, :meth:`result` waits for it (at most
+    ``timeout`` seconds after the start) and returns the report, or raises :class:`UsageError` (a timeout, a
+    crash, an exit, bad input) or :class:`WorkerError` (an internal error)."""
+
+    def __init__(self, target: str, work: Callable[[], Any], timeout: float, result_type: type):
+        self.target, self.work, self.timeout, self.result_type = target, work, float(timeout), result_type
+        self.phase = "start"
+        self.process: Any = None
+        self.conn: Any = None
+        self.deadline = 0.0
+
+    def start(self) -> "Job":
+        """Fork the worker; the deadline starts now."""
+        ctx = multiprocessing.get_context("fork")
+        receiver, sender = ctx.Pipe(duplex=False)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with warnings.catch_warnings():  # "fork() of a multi-threaded process": the worker only runs the audit
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.process = ctx.Process(target=_child, args=(sender, self.work, self.target), daemon=True)
+            self.process.start()
+        sender.close()
+        self.conn = receiver
+        self.deadline = time.monotonic() + self.timeout
+        return self
+
+    def result(self) -> Any:
+        """Wait for the worker's report (see the class docstring); the worker is gone when this returns."""
+        try:
+            message = self._wait()
+        except BaseException:
+            self.kill()
+            raise
+        finally:
+            self.conn.close()
+        self.process.join(5)
+        if message is None:
+            raise self._died()
+        kind = message[0]
+        if kind == "report":
+            return self.result_type.model_validate_json(message[1])
+        if kind == "usage":
+            raise UsageError(message[1], file=message[2], line=message[3])
+        if message[3]:
+            sys.stderr.write(message[3])
+        raise WorkerError(message[1], message[2])
+
+    def _wait(self) -> Optional[tuple]:
+        """The worker's final message, None when it ended without one; UsageError past the deadline."""
+        while True:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise UsageError(f"timed out after {self.timeout:g} s while {self._doing()} (--timeout)",
+                                 file=self.target)
+            ready = multiprocessing.connection.wait([self.conn, self.process.sentinel], timeout=left)
+            if self.conn in ready:
+                try:
+                    message = self.conn.recv()
+                except (EOFError, OSError):
+                    return None
+                if message[0] == "phase":
+                    self.phase = message[1]
+                    continue
+                return message
+            if self.process.sentinel in ready and not self.conn.poll():
+                return None
+
+    def _doing(self) -> str:
+        return PHASES.get(self.phase, self.phase)
+
+    def _died(self) -> UsageError:
+        self.process.join(5)
+        code = self.process.exitcode
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            why = f"the model's code crashed ({name}) while {self._doing()}"
+        else:
+            why = (f"the model's code ended the process (exit status {code}, as os._exit() does) while "
+                   f"{self._doing()}")
+        return UsageError(why, file=self.target)
+
+    def kill(self) -> None:
+        """End the worker now (SIGKILL) and reap it."""
+        if self.process is not None and self.process.is_alive():
+            self.process.kill()
+        if self.process is not None:
+            self.process.join(5)
+
+
+def run_isolated(target: str, work: Callable[[], Any], timeout: float, result_type: type) -> Any:
+    """Run ``work()`` (which returns an instance of the pydantic model ``result_type``) in a worker process
+    under ``timeout`` seconds and return its result (see :class:`Job`); in this process where workers cannot
+    be forked."""
+    if not can_isolate():
+        with user_code_output():
+            return work()
+    return Job(target, work, timeout, result_type).start().result()
