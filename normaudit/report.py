@@ -209,11 +209,104 @@ class Site(_Model):
     definition: Optional[SourceLocation] = None
     #: the line that calls the norm (from the captured graph's stack trace)
     call: Optional[SourceLocation] = None
+    #: the line that computes it: for a hand-written norm the line of its statistic (the var/std/mean-of-squares
+    #: node's stack trace, in ``forward`` or a helper it calls), for a functional norm its call; None for a
+    #: torch.nn module. Findings about the formula point here (rules with ``locate: computation``)
+    computation: Optional[SourceLocation] = None
+    #: the Python module defining the owning module's class (``torch.nn.modules.normalization``)
+    class_module: Optional[str] = None
     #: labels of the axis a BatchNorm/GroupNorm/InstanceNorm keeps one statistic per (its dim 1, the "channels")
     channel_axes: list[AxisLabel] = Field(default_factory=list)
     size_probe: Optional[SizeProbe] = None
     batch_probe: Optional[BatchProbe] = None
     extra: dict[str, Any] = Field(default_factory=dict)
+
+    def describe(self) -> str:
+        """The norm in words a user can check against their code (rule messages read it as ``site.describe()``).
+
+        A torch.nn module is quoted with its real constructor arguments (``nn.LayerNorm(normalized_shape=[512],
+        eps=1e-05)``); anything else is described by what it computes, never by arguments its class may not
+        take: ``hand-written RMSNorm `MyNorm` (mean of squares over the last 512 features, eps 1e-06)``,
+        ``F.layer_norm in `Block` (...)``, ``hand-written LayerNorm in `Block` (...)`` for a norm computed
+        inline in a larger module's forward.
+        """
+        torch_nn = (self.class_module or "").startswith("torch.nn.")
+        if self.detected_by == "module" and torch_nn:
+            return f"nn.{self.class_name}({_constructor_args(self)})"
+        what = _computes(self)
+        if self.detected_by == "functional":
+            return f"F.{self.op or self.kind.lower()} in `{self.class_name}` ({what})"
+        if self.detected_by == "pattern":
+            where = "in " if self.extra.get("inline") else ""
+            return f"hand-written {self.kind} {where}`{self.class_name}` ({what})"
+        if self.detected_by == "module":
+            return f"`{self.class_name}` (a torch.nn {self.kind} subclass: {what})"
+        found = "by its class name" if self.detected_by == "module_walk" else "by its checkpoint keys"
+        eps = f", eps {self.eps:g}" if self.eps is not None else ""
+        return f"`{self.class_name}` ({self.kind} {found}{eps})"
+
+
+def _constructor_args(site: Site) -> str:
+    """The arguments a torch.nn norm module was built with, as far as the site records them."""
+    args: list[str] = []
+    kind = site.kind
+    if kind in ("LayerNorm", "RMSNorm"):
+        if site.normalized_shape is not None:
+            args.append(f"normalized_shape={site.normalized_shape}")
+        if site.eps is not None and "eps_default" not in site.extra:
+            args.append(f"eps={site.eps:g}")
+        if site.affine_weight is False:
+            args.append("elementwise_affine=False")
+        elif site.affine_bias is False and kind == "LayerNorm":
+            args.append("bias=False")
+    elif kind == "GroupNorm":
+        args += [f"num_groups={site.num_groups}", f"num_channels={site.num_channels}", f"eps={site.eps:g}"]
+    elif kind in ("BatchNorm", "InstanceNorm"):
+        if site.num_channels is not None:
+            args.append(f"num_features={site.num_channels}")
+        if site.eps is not None:
+            args.append(f"eps={site.eps:g}")
+    elif kind == "LocalResponseNorm" and "size" in site.extra:
+        args.append(f"size={site.extra['size']}")
+    return ", ".join(args)
+
+
+_STATISTIC = {"population": "mean and variance", "unbiased": "mean and unbiased variance",
+              "mean_square": "mean of squares", "none": "no statistic"}
+
+
+def _over(site: Site) -> str:
+    """``over the last 512 features``, ``over the last 2 dims (16x32: head, feature)``, ``over dims 2, 3
+    (8x8: height, width)``: the dims the statistics reduce, with their sizes and axis labels."""
+    dims, shape = site.reduced_dims, site.input_shape
+    if not dims or not shape or any(not -len(shape) <= d < len(shape) for d in dims):
+        return f" over the last {'x'.join(map(str, site.normalized_shape))} values" if site.normalized_shape else ""
+    rank = len(shape)
+    dims = [d % rank for d in dims]
+    sizes = "x".join(str(shape[d]) for d in dims)
+    labels = [site.input_axes[d] for d in dims] if site.input_axes and len(site.input_axes) == rank else []
+    trailing = dims == list(range(rank - len(dims), rank))
+    if len(dims) == 1 and labels and labels[0] in ("feature", "channel"):
+        return f" over the last {sizes} {labels[0]}s" if trailing else f" over the {sizes} {labels[0]}s of dim {dims[0]}"
+    where = (("the last dim" if len(dims) == 1 else f"the last {len(dims)} dims") if trailing
+             else ("dim " if len(dims) == 1 else "dims ") + ", ".join(map(str, dims)))
+    return f" over {where} ({sizes}" + (f": {', '.join(labels)})" if labels else ")")
+
+
+def _computes(site: Site) -> str:
+    """``mean of squares over the last 512 features, eps 1e-06``: the statistic, its dims and eps."""
+    f = site.formula
+    stat = _STATISTIC.get(f.variance) if f is not None and f.variance else None
+    if stat is None:
+        stat = "mean of squares" if site.kind == "RMSNorm" else "mean and variance"
+    if site.kind in ("BatchNorm", "InstanceNorm", "GroupNorm"):
+        stat += " per channel" if site.kind != "GroupNorm" else " per group"
+    text = stat + _over(site)
+    if site.eps is not None:
+        text += f", eps {site.eps:g}" + (" added to the root" if f is not None and f.eps_position == "outside_sqrt" else "")
+    elif site.detected_by == "pattern":
+        text += ", no eps"
+    return text
 
 
 class Block(_Model):

@@ -125,8 +125,9 @@ def test_bad_convnext_block_is_flagged_with_exact_axes(my_rules):
     f = next(f for f in r.findings if f.module == "bad.norm")
     assert (f.rule_id, f.severity) == ("NL102", "error")
     assert f.message.startswith(
-        "LayerNorm(normalized_shape=[32]) normalises the width axis of an input laid out as (batch, channel, "
-        "height, width), not the channels: it runs only because that size (32) equals the channel count 32; "
+        "nn.LayerNorm(normalized_shape=[32], eps=1e-06) normalises the width axis of an input laid out as "
+        "(batch, channel, height, width), not the channels: it runs only because that size (32) equals the "
+        "channel count 32; "
         "size probe: at height 128->136, width 128->136 it raises: RuntimeError: Given normalized_shape=[32], "
         "expected input with shape [32], but got input of size torch.Size([2, 32, 34, 34])")
     good, bad = site(r, "good.norm"), site(r, "bad.norm")

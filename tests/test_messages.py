@@ -212,3 +212,125 @@ def test_github_escapes_per_the_runner_rules():
     assert escape_data("50% a\r\nb") == "50%25 a%0D%0Ab"
     assert escape_property("a:b,c%\n") == "a%3Ab%2Cc%25%0A"
     assert escape_data("t\x1b]0;x\x07") == "t\\x1b]0;x\\x07"
+
+
+# ------------------------------------------------------------- item 4: descriptions, lines, grouping
+DEEP = FIXTURES / "deep_handwritten.py"
+
+
+@pytest.fixture(scope="module")
+def deep_report():
+    from normaudit.audit import AuditOptions, run_audit
+    from normaudit.engine.loader import load_rules
+
+    return run_audit(AuditOptions(target=str(DEEP)), load_rules())
+
+
+def test_a_hand_written_norm_is_described_by_what_it_computes(deep_report):
+    (nl101,) = [f for f in deep_report.findings if f.rule_id == "NL101"]
+    assert nl101.module == "norm"
+    assert nl101.message.startswith(
+        "hand-written RMSNorm `MyNorm` (mean of squares over the last 2 dims (16x32: sequence, feature), eps 1e-06) "
+        "takes its statistics over (sequence, feature) of an input laid out as (batch, sequence, feature)")
+    assert "normalized_shape" not in nl101.message + (nl101.fix or "")
+    assert nl101.source.line == line_of(DEEP, "self.norm = MyNorm(d)")  # the constructor: where a fix goes
+
+
+def test_a_formula_finding_points_at_the_line_computing_the_statistic(deep_report):
+    nt103 = [f for f in deep_report.findings if f.rule_id == "NT103"]
+    assert sorted(f.module for f in nt103) == sorted(f"layers.{i}.input_layernorm" for i in range(18))
+    var_line = line_of(DEEP, "var = x.var(-1, keepdim=True)")
+    assert {(Path(f.source.file).name, f.source.line) for f in nt103} == {("deep_handwritten.py", var_line)}
+    s = next(s for s in deep_report.sites if s.module == "layers.0.input_layernorm")
+    assert (s.computation.line, s.definition.line) == (var_line, line_of(DEEP, "self.input_layernorm = BesselNorm(d)"))
+
+
+def test_a_suppression_on_the_computing_line_suppresses_the_formula_finding(capsys, tmp_path):
+    path = tmp_path / "deep.py"
+    path.write_text(DEEP.read_text().replace("var = x.var(-1, keepdim=True)",
+                                             "var = x.var(-1, keepdim=True)  # normaudit: ignore[NT103]"))
+    rc, out, err = run(capsys, path, "--isolated", "--format", "json")
+    doc = json.loads(out)
+    assert sorted({f["rule_id"] for f in doc["findings"]}) == ["NL101"]
+    assert "suppressed 18 finding(s): 18 by '# normaudit: ignore' comments" in doc["notes"]
+
+
+def test_one_fault_in_18_layers_is_one_group_in_text_and_markdown_and_18_entries_in_json(capsys):
+    rc, text, err = run(capsys, DEEP, "--isolated")
+    var_line = line_of(DEEP, "var = x.var(-1, keepdim=True)")
+    nt = [ln for ln in text.splitlines() if ln.startswith("  NT103")]
+    assert len(nt) == 1
+    assert nt[0].startswith("  NT103 [norm-type] layers.0-17.input_layernorm (18 modules): layers.0-17.input_layernorm "
+                            "(BesselNorm) normalises by the unbiased (Bessel-corrected, divide by N-1) variance")
+    at = text.splitlines()[text.splitlines().index(nt[0]) + 1]
+    assert at.startswith("      at ") and at.endswith(f"deep_handwritten.py:{var_line}")
+    assert "WARNINGS (18)" in text
+    rc, md, err = run(capsys, DEEP, "--isolated", "--format", "markdown")
+    rows = [ln for ln in md.splitlines() if "`NT103`" in ln and ln.startswith("|")]
+    assert len(rows) == 1 and "| `layers.0-17.input_layernorm` (18 modules) |" in rows[0]
+    rc, js, err = run(capsys, DEEP, "--isolated", "--format", "json")
+    assert sorted(f["module"] for f in json.loads(js)["findings"] if f["rule_id"] == "NT103") == sorted(
+        f"layers.{i}.input_layernorm" for i in range(18))
+
+
+def _site(**kw):
+    from normaudit.report import Site
+
+    base = dict(module="m", kind="LayerNorm", class_name="LayerNorm", detected_by="module",
+                class_module="torch.nn.modules.normalization", eps=1e-5, normalized_shape=[512],
+                reduced_dims=[2], input_shape=[2, 7, 512], input_axes=["batch", "sequence", "feature"])
+    base.update(kw)
+    return Site(**base)
+
+
+@pytest.mark.parametrize("kw, text", [
+    ({}, "nn.LayerNorm(normalized_shape=[512], eps=1e-05)"),
+    ({"affine_weight": True, "affine_bias": False}, "nn.LayerNorm(normalized_shape=[512], eps=1e-05, bias=False)"),
+    ({"kind": "RMSNorm", "class_name": "RMSNorm", "eps": 1.1920928955078125e-07, "extra": {"eps_default": "finfo"}},
+     "nn.RMSNorm(normalized_shape=[512])"),
+    ({"kind": "GroupNorm", "class_name": "GroupNorm", "num_groups": 32, "num_channels": 256},
+     "nn.GroupNorm(num_groups=32, num_channels=256, eps=1e-05)"),
+    ({"class_module": "mypkg.layers", "class_name": "LayerNorm2d"},
+     "`LayerNorm2d` (a torch.nn LayerNorm subclass: mean and variance over the last 512 features, eps 1e-05)"),
+    ({"detected_by": "pattern", "kind": "RMSNorm", "class_name": "MyNorm", "class_module": "model", "eps": 1e-6},
+     "hand-written RMSNorm `MyNorm` (mean of squares over the last 512 features, eps 1e-06)"),
+    ({"detected_by": "pattern", "class_name": "Block", "class_module": "model", "eps": None, "extra": {"inline": True},
+      "reduced_dims": [1, 2], "input_shape": [2, 16, 32]},
+     "hand-written LayerNorm in `Block` (mean and variance over the last 2 dims (16x32: sequence, feature), no eps)"),
+    ({"detected_by": "functional", "op": "layer_norm", "class_name": "Block", "class_module": "model",
+      "reduced_dims": [1], "input_shape": [2, 64, 8, 8], "input_axes": ["batch", "channel", "height", "width"]},
+     "F.layer_norm in `Block` (mean and variance over the 64 channels of dim 1, eps 1e-05)"),
+    ({"detected_by": "module_walk", "class_name": "T5LayerNorm", "class_module": "transformers.x", "eps": 1e-6},
+     "`T5LayerNorm` (LayerNorm by its class name, eps 1e-06)"),
+])
+def test_site_describe(kw, text):
+    assert _site(**kw).describe() == text
+
+
+@pytest.mark.parametrize("modules, label", [
+    (["layers.%d.input_layernorm" % i for i in range(18)], "layers.0-17.input_layernorm"),
+    (["h.0.ln_1", "h.1.ln_1", "h.3.ln_1"], "h.{0-1,3}.ln_1"),
+    (["enc.layers.0.ln", "enc.layers.1.ln", "dec.layers.0.ln"], "enc.layers.0-1.ln, dec.layers.0.ln"),
+    (["a.0.b.0", "a.1.b.1"], "a.0.b.0 .. a.1.b.1"),
+    (["norm"], "norm"),
+])
+def test_module_span(modules, label):
+    from normaudit.render.text import module_span
+
+    assert module_span(modules) == label
+
+
+def test_findings_group_only_when_rule_source_and_message_agree():
+    from normaudit.render.text import group_findings
+    from normaudit.report import Finding, SourceLocation
+
+    def finding(module, line, msg="{m} adds no eps", rule="NE103"):
+        return Finding(rule_id=rule, rule_name="r", category="eps", severity="error", module=module,
+                       message=msg.format(m=module), source=SourceLocation(file="m.py", line=line))
+
+    groups = group_findings([finding("h.0.ln", 5), finding("h.1.ln", 5), finding("h.10.ln", 5),
+                             finding("h.2.ln", 6), finding("h.3.ln", 5, "{m} has eps 0"),
+                             finding("h.4.ln", 5, rule="NE104")])
+    assert [(g.count_label, g.message) for g in groups] == [
+        ("h.{0-1,10}.ln (3 modules)", "h.{0-1,10}.ln adds no eps"), ("h.2.ln", "h.2.ln adds no eps"),
+        ("h.3.ln", "h.3.ln has eps 0"), ("h.4.ln", "h.4.ln adds no eps")]

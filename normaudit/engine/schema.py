@@ -55,6 +55,10 @@ class Rule(BaseModel):
     message: str
     fix: str
     params: dict[str, object] = Field(default_factory=dict)
+    #: where a site finding points: ``site`` (the site's ``source``: a norm module's constructor, a functional
+    #: norm's call) or ``computation`` (the line computing the statistic, for findings about the formula;
+    #: the site's ``source`` where there is none, as for torch.nn modules)
+    locate: Literal["site", "computation"] = "site"
     doc: RuleDoc
 
     @field_validator("id")

@@ -29,7 +29,7 @@ from typing import Optional
 
 from normaudit.engine.schema import Rule
 from normaudit.render.sarif import first_sentence, source_path
-from normaudit.render.text import escaped_report, guard_lines
+from normaudit.render.text import escaped_report, group_findings, guard_lines
 from normaudit.report import SEVERITY_RANK, Block, Finding, Report, Site, SourceLocation
 
 MAX_FINDING_ROWS = 200
@@ -129,18 +129,24 @@ def _summary(report: Report) -> list[str]:
 
 
 def _findings_table(findings: list[Finding]) -> list[str]:
+    """One row per group of findings (:func:`normaudit.render.text.group_findings`: the same fault in many
+    modules is one row naming them all, ``layers.0-17.ln`` (18 modules))."""
     ordered = sorted(findings, key=lambda f: (-SEVERITY_RANK[f.severity], f.rule_id, f.module))
+    groups = group_findings(ordered)
     lines = ["| Severity | Rule | Module | Message | Location |", "|---|---|---|---|---|"]
-    for f in ordered[:MAX_FINDING_ROWS]:
-        message = escape_cell(f.message)
-        if f.fix:
-            message += "<br>**Fix:** " + escape_cell(f.fix)
+    for g in groups[:MAX_FINDING_ROWS]:
+        f = g.first
+        message = escape_cell(g.message)
+        if g.fix:
+            message += "<br>**Fix:** " + escape_cell(g.fix)
+        module = _module(f.module) if len(g.findings) == 1 else f"{code(g.label)} ({len(g.findings)} modules)"
         lines.append(
             f"| {_SEVERITY_ICON[f.severity]} {_SEVERITY_LABEL[f.severity]} | `{f.rule_id}` {f.rule_name} "
-            f"| {_module(f.module)} | {message} | {_location(f.source)} |")
-    if len(ordered) > MAX_FINDING_ROWS:
+            f"| {module} | {message} | {_location(f.source)} |")
+    if len(groups) > MAX_FINDING_ROWS:
+        rest = sum(len(g.findings) for g in groups[MAX_FINDING_ROWS:])
         lines.append("")
-        lines.append(f"…and {len(ordered) - MAX_FINDING_ROWS} more findings (see `--format json`).")
+        lines.append(f"…and {rest} more findings (see `--format json`).")
     return lines
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import re
 import unicodedata
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from pydantic import BaseModel
 
-from normaudit.report import Report, Site, SourceLocation
+from normaudit.report import Finding, Report, Site, SourceLocation
 
 #: Characters that change what a terminal or a log viewer shows rather than being shown: C0/C1 controls
 #: (ESC starts ANSI/OSC sequences, BEL ends OSC, CR/LF start a new line), DEL, line/paragraph separators and
@@ -78,6 +79,106 @@ def guard_lines(text: str) -> str:
     return "\n".join("\\" + ln if _COMMAND_LINE.match(ln) else ln for ln in text.split("\n"))
 
 
+# ------------------------------------------------------------------------------------ finding groups
+@dataclass
+class FindingGroup:
+    """Findings of one rule that say the same thing about several modules at the same source line (one
+    fault repeated in every layer): ``label`` spans the modules (``layers.0-17.input_layernorm``), ``message``
+    and ``fix`` are the first finding's with its module path replaced by that span."""
+
+    findings: list[Finding]
+    label: str
+    message: str
+    fix: Optional[str]
+
+    @property
+    def first(self) -> Finding:
+        return self.findings[0]
+
+    @property
+    def count_label(self) -> str:
+        """``label`` with the number of modules when there are several: ``layers.0-17.ln (18 modules)``."""
+        n = len(self.findings)
+        return self.label if n == 1 else f"{self.label} ({n} modules)"
+
+
+def _module_pattern(module: str) -> Optional[re.Pattern]:
+    return re.compile(r"(?<![\w.])" + re.escape(module) + r"(?![\w]|\.\w)") if module else None
+
+
+def _generic(text: Optional[str], module: str) -> Optional[str]:
+    pattern = _module_pattern(module)
+    return text if text is None or pattern is None else pattern.sub("\0", text)
+
+
+def _ranges(numbers: list[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``{0-2,5,7-8}``; one run is written without braces (``0-17``)."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return text if len(runs) == 1 else "{" + text + "}"
+
+
+def _bucket_span(paths: list[list[str]]) -> str:
+    if len(paths) == 1:
+        return ".".join(paths[0])
+    varying = [i for i in range(len(paths[0])) if len({p[i] for p in paths}) > 1]
+    if len(varying) == 1:
+        i = varying[0]
+        parts = list(paths[0])
+        parts[i] = _ranges(sorted({int(p[i]) for p in paths}))
+        return ".".join(parts)
+    return f"{'.'.join(paths[0])} .. {'.'.join(paths[-1])}"
+
+
+def module_span(modules: list[str]) -> str:
+    """One label for several module paths: paths that differ only in one layer index are written as a
+    range (``layers.0-17.input_layernorm``, ``h.{0-3,5}.ln_1``); paths of other shapes are listed
+    (``encoder.layers.0-5.ln, decoder.layers.0-5.ln``), at most three spans then ``..``.
+
+    >>> module_span(["layers.%d.norm" % i for i in range(18)])
+    'layers.0-17.norm'
+    >>> module_span(["enc.0.ln", "enc.1.ln", "dec.0.ln", "dec.2.ln"])
+    'enc.0-1.ln, dec.{0,2}.ln'
+    """
+    unique = list(dict.fromkeys(modules))
+    if len(unique) == 1:
+        return unique[0] or "<root>"
+    buckets: dict[tuple[str, ...], list[list[str]]] = {}
+    for m in unique:
+        parts = m.split(".")
+        buckets.setdefault(tuple("#" if p.isdigit() else p for p in parts), []).append(parts)
+    spans = [_bucket_span(b) for b in buckets.values()]
+    return ", ".join(spans[:3] + ([".."] if len(spans) > 3 else []))
+
+
+def group_findings(findings: list[Finding]) -> list[FindingGroup]:
+    """Group findings (in order of first appearance) by rule, severity, source line, and message and fix
+    with the module path taken out; each group keeps every finding (JSON keeps one entry per module)."""
+    groups: dict[tuple, list[Finding]] = {}
+    for f in findings:
+        src = (f.source.file, f.source.line) if f.source is not None else None
+        key = (f.rule_id, f.severity, f.category, src, _generic(f.message, f.module), _generic(f.fix, f.module))
+        groups.setdefault(key, []).append(f)
+    out = []
+    for members in groups.values():
+        first = members[0]
+        label = module_span([f.module for f in members]) if len(members) > 1 else (first.module or "<root>")
+        pattern = _module_pattern(first.module) if len(members) > 1 else None
+        if pattern is not None:
+            message = pattern.sub(lambda _: label, first.message)
+            fix = pattern.sub(lambda _: label, first.fix) if first.fix else first.fix
+        else:
+            message, fix = first.message, first.fix
+        out.append(FindingGroup(findings=members, label=label, message=message, fix=fix))
+    return out
+
+
+# --------------------------------------------------------------------------------------------- text
 def _where(src: Optional[SourceLocation]) -> str:
     if src is None:
         return ""
@@ -206,13 +307,13 @@ def render(report: Report, rules=None) -> str:
         if not group:
             continue
         lines.append(f"{sev.upper()}S ({len(group)})" if sev != "info" else f"INFO ({len(group)})")
-        for f in group:
-            where = _where(f.source)
-            lines.append(f"  {f.rule_id} [{f.category}] {f.module or '<root>'}: {f.message}")
+        for g in group_findings(group):
+            where = _where(g.first.source)
+            lines.append(f"  {g.first.rule_id} [{g.first.category}] {g.count_label}: {g.message}")
             if where:
                 lines.append(f"      at {where}")
-            if f.fix:
-                lines.append(f"      fix: {f.fix}")
+            if g.fix:
+                lines.append(f"      fix: {g.fix}")
         lines.append("")
     for note in report.notes:
         lines.append(f"note: {note}")
