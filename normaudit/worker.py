@@ -15,6 +15,7 @@ Where ``fork`` does not exist (Windows) the audit runs in the process itself, wi
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -139,6 +140,8 @@ def _child(conn: Any, work: Callable[[], Any], target: str) -> None:
     """The worker: run ``work`` (returns a pydantic model) with stdout sent to stderr; send back the result."""
     _state["channel"] = conn
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not os.environ.get("NORMAUDIT_DEBUG"):
+        faulthandler.disable()  # a crash of the model's code is the parent's one line, not a C stack dump
     try:
         with user_code_output():
             result = work()
