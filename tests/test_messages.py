@@ -334,3 +334,13 @@ def test_findings_group_only_when_rule_source_and_message_agree():
     assert [(g.count_label, g.message) for g in groups] == [
         ("h.{0-1,10}.ln (3 modules)", "h.{0-1,10}.ln adds no eps"), ("h.2.ln", "h.2.ln adds no eps"),
         ("h.3.ln", "h.3.ln has eps 0"), ("h.4.ln", "h.4.ln adds no eps")]
+
+
+def test_docstring_examples_of_the_renderers_run():
+    import doctest
+
+    from normaudit.render import github, text
+
+    for module in (text, github):
+        result = doctest.testmod(module)
+        assert result.failed == 0 and result.attempted > 0, module.__name__
