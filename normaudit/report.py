@@ -340,16 +340,45 @@ class CaptureAttempt(_Model):
     seconds: float = 0.0
 
 
-class CaptureInfo(_Model):
-    """How the model was captured: the method that ran, what failed before it, and coverage."""
+class CapturedPart(_Model):
+    """A submodule captured alone because the whole model could not be (``normaudit.capture.parts``):
+    ``module`` its ``named_modules()`` path, ``method`` the capture method that worked, ``inputs`` the inputs
+    recorded at its first call (``"arg0: float32[2, 16, 32]"``), ``sites`` the norm sites found in it."""
 
-    method: Literal["symbolic_trace", "export", "module_walk", "none"]
+    module: str
+    class_name: str
+    method: str
+    inputs: list[str] = Field(default_factory=list)
+    sites: int = 0
+
+
+class UnauditedModule(_Model):
+    """A norm module the capture did not reach, so none of its graph facts exist: ``module`` its
+    ``named_modules()`` path, ``kind`` its class name, ``reason`` why (never called by the forward on the
+    inputs used, or found only by walking modules after the capture failed)."""
+
+    module: str
+    kind: str
+    reason: str
+
+
+class CaptureInfo(_Model):
+    """How the model was captured: the method that ran, what failed before it, and coverage.
+
+    ``parts``: when the whole model could not be captured, the submodules captured alone (their sites carry
+    ``extra["captured_part"]``); ``unaudited``: the norm modules no capture reached.
+    """
+
+    #: ``parts``: the whole model could not be captured, but every norm module lies in a part captured alone
+    method: Literal["symbolic_trace", "export", "module_walk", "parts", "none"]
     complete: bool
     attempts: list[CaptureAttempt] = Field(default_factory=list)
     num_nodes: int = 0
     inputs: list[str] = Field(default_factory=list)
     inputs_assumed: Optional[str] = None
     fake_tensors: bool = True
+    parts: list[CapturedPart] = Field(default_factory=list)
+    unaudited: list[UnauditedModule] = Field(default_factory=list)
 
 
 class Finding(_Model):

@@ -41,6 +41,10 @@ class Capture:
     user_inputs: list[str] = field(default_factory=list)
     eval_fallback: bool = False
     train_error: Optional[str] = None
+    #: when the whole model failed: the parts captured alone (``normaudit.capture.parts.PartCapture``), and
+    #: what stopped the eager forward that recorded their inputs
+    parts: list = field(default_factory=list)
+    parts_error: Optional[str] = None
 
     @property
     def complete(self) -> bool:
@@ -140,10 +144,15 @@ def _meta_val(tm: Any, mode: FakeTensorMode) -> Any:
     return None
 
 
-def _export(model: nn.Module, args: Any, mode: FakeTensorMode) -> tuple[fx.GraphModule, list[str]]:
-    kwargs: dict[str, Any] = {}
+def _export(model: nn.Module, args: Any, mode: FakeTensorMode,
+            kwargs: Optional[dict[str, Any]] = None) -> tuple[fx.GraphModule, list[str]]:
+    from normaudit.target.inputs import _forward_params, forward_kwargs
+
+    kwargs = dict(kwargs or {})
     if isinstance(args, dict):
-        kwargs, args = dict(args), ()
+        kwargs, args = {**dict(args), **kwargs}, ()
+    for key, value in forward_kwargs(_forward_params(model)).items():  # use_cache=False: no cache objects
+        kwargs.setdefault(key, value)
     if getattr(getattr(model, "config", None), "use_cache", None) is not None:
         kwargs.setdefault("use_cache", False)
     with mode:
@@ -156,12 +165,13 @@ def _export(model: nn.Module, args: Any, mode: FakeTensorMode) -> tuple[fx.Graph
 
 
 def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dtype = torch.float32,
-                  methods: tuple[str, ...] = ("symbolic_trace", "export")) -> Capture:
+                  methods: tuple[str, ...] = ("symbolic_trace", "export"), parts_fallback: bool = True) -> Capture:
     """Capture ``model`` called on ``inputs`` (a tuple or a dict of keyword inputs).
 
     ``dtype`` is the precision the model will run in: floating parameters and inputs are cast to it on fake
     tensors, so the graph shows which operations compute in half precision. Never raises for a model that
-    cannot be captured: the attempts record each failure.
+    cannot be captured: the attempts record each failure. When no method captures the whole model and
+    ``parts_fallback`` is set, its parts are captured alone (:mod:`normaudit.capture.parts`).
     """
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     if not on_meta:
@@ -170,7 +180,7 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
         model.to(dtype)  # on meta or on the private copy, before fake tensors replace the storage
     with mode:
         if on_meta:
-            model.to_empty(device="cpu")
+            _materialize_fake_(model, mode)
         elif not _is_fake(model):
             _fakeify_(model, mode)
     modules = dict(model.named_modules())
@@ -208,8 +218,25 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
                            user_inputs=user, eval_fallback=not train_pass and was_training,
                            train_error=train_error if not train_pass else None)
     _restore_modes(modules, modes)
+    parts, parts_error = _capture_parts(model, fake_args, mode, modules) if parts_fallback else ([], None)
+    _restore_modes(modules, modes)
     return Capture(gm=None, method="module_walk", attempts=attempts, root=model, modules=modules,
-                   train_error=train_error)
+                   train_error=train_error, parts=parts, parts_error=parts_error)
+
+
+def _capture_parts(model: nn.Module, fake_args: Any, mode: FakeTensorMode,
+                   modules: dict[str, nn.Module]) -> tuple[list, Optional[str]]:
+    """:func:`normaudit.capture.parts.capture_parts` over the norm modules ``walk_modules`` finds."""
+    from normaudit.capture.parts import capture_parts
+    from normaudit.facts.sites import walk_modules
+    from normaudit.target.inputs import _forward_params, forward_kwargs
+
+    norm_paths = [r.site.module for r in walk_modules(modules) if r.site.module]
+    if not norm_paths:
+        return [], None
+    extra = forward_kwargs(_forward_params(model)) if isinstance(fake_args, dict) else {}
+    with _quiet():
+        return capture_parts(model, fake_args, mode, norm_paths, extra)
 
 
 def _restore_modes(modules: dict[str, nn.Module], modes: dict[str, bool]) -> None:
@@ -221,6 +248,32 @@ def _is_fake(model: nn.Module) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return any(isinstance(p, FakeTensor) for p in model.parameters())
+
+
+def _materialize_fake_(model: nn.Module, mode: FakeTensorMode) -> None:
+    """``model.to_empty(device="cpu")`` under ``mode``: meta parameters and buffers become fake CPU tensors.
+
+    ``to_empty`` visits a module once per parent, so a module registered under two parents (timm
+    ``coat_tiny``'s shared convolutional position encodings) gets its weight swapped twice and the second
+    swap fails (``Couldn't swap Linear.weight``). Then each module is visited once and each tensor replaced
+    once, shared (tied) tensors staying shared.
+    """
+    try:
+        model.to_empty(device="cpu")
+        return
+    except RuntimeError:
+        pass
+    done: dict[int, Any] = {}
+    for mod in model.modules():  # each module once, however many parents hold it
+        for table, as_param in ((mod._parameters, True), (mod._buffers, False)):
+            for name, t in list(table.items()):
+                if t is None:
+                    continue
+                if id(t) not in done:
+                    empty = torch.empty_like(t, device="cpu")
+                    done[id(t)] = nn.Parameter(empty, requires_grad=t.requires_grad) if as_param else empty
+                table[name] = done[id(t)]
+                done[id(table[name])] = table[name]
 
 
 def _fakeify_(model: nn.Module, mode: FakeTensorMode) -> None:

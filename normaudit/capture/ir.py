@@ -120,11 +120,17 @@ def val(node: Any) -> Any:
 
 
 def shape(node: Any) -> Optional[tuple[int, ...]]:
+    """The concrete shape of a node's tensor value, or None when it has none or a dim is data-dependent.
+
+    Export on fake tensors gives data-dependent sizes (``x[mask]``, ``nonzero``, MoE routing) unbacked
+    symbols; reading one as an int raises ``GuardOnDataDependentSymNode`` (a RuntimeError), so such a shape
+    is unknown rather than a crash.
+    """
     v = val(node)
     if isinstance(v, torch.Tensor):
         try:
             return tuple(int(s) for s in v.shape)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RuntimeError):
             return None
     return None
 

@@ -44,6 +44,8 @@ class FactContext:
     #: config, the model's own); an opened ``normaudit.target.checkpoint.Checkpoint`` given with the model
     config_sources: list = field(default_factory=list)
     checkpoint: Any = None
+    #: axis labels per node, left by :func:`graph_facts`
+    env: Optional[dict] = None
 
 
 @dataclass
@@ -63,9 +65,27 @@ def collect_facts(ctx: FactContext) -> Facts:
     if cap.gm is None:
         model.extra["groupnorm_config"] = batchnorm_pass.groupnorm_config_problems(ctx.config or {})
         records = walk_modules(cap.modules, origins)
+        if cap.parts:  # the parts captured alone: graph facts for the norms they hold
+            from normaudit.capture.parts import facts_of_parts
+
+            records, part_model = facts_of_parts(ctx, cap.parts, records)
+            if part_model is not None:
+                model.placement, model.blocks = part_model.placement, part_model.blocks
+                model.has_final_norm, model.parallel_residual = None, part_model.parallel_residual
         notes = weights_pass.analyse(ctx, records)
         eps_pass.analyse(ctx, records)
         return Facts(records=records, model=model, notes=notes)
+    records = graph_facts(ctx, model)
+    notes = probes_pass.run(ctx, records, ctx.env) if ctx.env is not None else []
+    notes += weights_pass.analyse(ctx, records)
+    eps_pass.analyse(ctx, records)
+    return Facts(records=records, model=model, notes=notes)
+
+
+def graph_facts(ctx: FactContext, model: ModelFacts) -> list[SiteRecord]:
+    """The graph passes over ``ctx.cap.gm``: sites, axes, placement, formula, BatchNorm facts (model-level
+    facts onto ``model``). Leaves the axis labels in ``ctx.env`` for the probes."""
+    cap, origins, input_axes = ctx.cap, ctx.origins, ctx.input_axes
     records = discover_sites(cap, origins)
     env = axes_pass.label_graph(cap, input_axes)
     for rec in records:
@@ -80,7 +100,5 @@ def collect_facts(ctx: FactContext) -> Facts:
     placement.analyse(cap, records, model)
     formula_pass.analyse(ctx, records)
     batchnorm_pass.analyse(ctx, records, model, env)
-    notes = probes_pass.run(ctx, records, env)
-    notes += weights_pass.analyse(ctx, records)
-    eps_pass.analyse(ctx, records)
-    return Facts(records=records, model=model, notes=notes)
+    ctx.env = env
+    return records

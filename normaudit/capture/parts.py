@@ -1,0 +1,322 @@
+"""Capture the parts of a model whose whole forward cannot be captured.
+
+When every method of :func:`normaudit.capture.capture_model` fails for the whole model, its forward is run
+eagerly once on the fake tensors (the model is already materialised on them) with a forward pre-hook on
+every submodule that holds a norm: each hook keeps the positional and keyword inputs of the module's first
+call, so every block is captured later on its real input shapes. The forward may fail part-way (a
+``.tolist()`` on a fake tensor, a data-dependent branch): the modules reached before the failure keep
+their inputs. Parts are then captured top-down: a submodule (a tower, a stack, a repeated block) is
+captured alone with the methods of the whole-model capture; when that fails its children holding norms are
+tried in turn. Each part's sites get every graph fact (axes, formula, placement within the part, eps).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from normaudit.report import CaptureAttempt
+
+#: at most this many part captures are tried, and for at most this many seconds in all
+MAX_ATTEMPTS, MAX_SECONDS = 64, 120.0
+#: a model of at most this many parameter elements may be run on real numbers when its forward needs them
+REAL_RUN_MAX_ELEMENTS = 20_000_000
+
+
+@dataclass
+class PartCapture:
+    """One captured part: ``path`` is its ``named_modules()`` path in the whole model; ``capture`` its
+    :class:`normaudit.capture.Capture` (module paths relative to the part); ``inputs`` the recorded inputs,
+    described (``"arg0: float32[2, 16, 32]"``)."""
+
+    path: str
+    capture: Any
+    inputs: list[str] = field(default_factory=list)
+
+
+def _keepable(v: Any) -> bool:
+    if v is None or isinstance(v, (torch.Tensor, bool, int, float, str)):
+        return True
+    return isinstance(v, (tuple, list)) and all(_keepable(x) for x in v)
+
+
+def record_inputs(model: nn.Module, inputs: Any, mode: FakeTensorMode, paths: set[str],
+                  extra_kwargs: Optional[dict[str, Any]] = None) -> tuple[dict[str, tuple[tuple, dict]], Optional[str]]:
+    """Run ``model`` eagerly under ``mode`` on ``inputs`` (fake tensors: a tuple, or a dict of keyword
+    inputs) and return ``({path: (args, kwargs)}, error)``: the first call's inputs of each module in
+    ``paths``, and what stopped the forward (None when it ran to the end). Keyword values that are not
+    tensors or plain constants (cache objects) are dropped."""
+    recorded: dict[str, tuple[tuple, dict]] = {}
+    handles = []
+
+    def hook_for(path: str):
+        def hook(_mod, args, kwargs):
+            if path not in recorded and all(_keepable(a) for a in args):
+                recorded[path] = (tuple(args), {k: v for k, v in kwargs.items() if _keepable(v)})
+        return hook
+
+    for path, mod in model.named_modules():
+        if path in paths:
+            handles.append(mod.register_forward_pre_hook(hook_for(path), with_kwargs=True))
+    error = None
+    args, kwargs = ((), dict(inputs)) if isinstance(inputs, dict) else (tuple(inputs), {})
+    kwargs.update(extra_kwargs or {})
+    try:
+        with mode, torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            model(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the modules reached so far keep their inputs
+        from normaudit.capture import _one_line, _root_cause
+
+        error = _one_line(_root_cause(exc))
+    finally:
+        for h in handles:
+            h.remove()
+    return recorded, error
+
+
+def _record_real(root: nn.Module, inputs: Any, mode: FakeTensorMode, holders: set[str],
+                 extra_kwargs: Optional[dict[str, Any]]) -> tuple[dict, Optional[str]]:
+    """:func:`record_inputs` on real numbers, for a forward that reads its data (``.tolist()``,
+    ``len(set(...))``): a small model's fake parameters are swapped for real ones meanwhile (normal(0, 0.02)
+    weights, zero buffers), the inputs made real likewise, and the recorded inputs made fake again. Models
+    above :data:`REAL_RUN_MAX_ELEMENTS` parameter elements are not run."""
+    tables = [(mod._parameters, True) for mod in root.modules()] + [(mod._buffers, False) for mod in root.modules()]
+    if sum(t.numel() for tab, _ in tables for t in tab.values() if t is not None) > REAL_RUN_MAX_ELEMENTS:
+        return {}, None
+    saved = [(tab, dict(tab)) for tab, _ in tables]
+    try:
+        with torch.no_grad():
+            for tab, is_param in tables:
+                for name, t in list(tab.items()):
+                    if t is not None:
+                        tab[name] = nn.Parameter(_real_like(t, 0.02), t.requires_grad) if is_param else _real_like(t, 0.0)
+        real = {k: _real_value(v) for k, v in inputs.items()} if isinstance(inputs, dict) else \
+            tuple(_real_value(v) for v in inputs)
+        recorded, error = record_inputs(root, real, contextlib.nullcontext(), holders, extra_kwargs)
+    except Exception as exc:  # noqa: BLE001
+        return {}, f"{type(exc).__name__}: {exc}"
+    finally:
+        for tab, old in saved:
+            tab.clear()
+            tab.update(old)
+    to_fake = lambda v: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v  # noqa: E731
+    return {p: (tuple(to_fake(a) for a in args), {k: to_fake(v) for k, v in kw.items()})
+            for p, (args, kw) in recorded.items()}, error
+
+
+def _real_like(t: torch.Tensor, std: float) -> torch.Tensor:
+    out = torch.zeros(tuple(int(s) for s in t.shape), dtype=t.dtype)
+    if std and out.is_floating_point():
+        out.normal_(0.0, std)
+    return out
+
+
+def _real_value(v: Any) -> Any:
+    """A real tensor for a fake example input: random normal floats, integers in [0, 2) (valid ids)."""
+    if not isinstance(v, torch.Tensor):
+        return v
+    shape = tuple(int(s) for s in v.shape)
+    if v.is_floating_point():
+        return torch.randn(shape, dtype=v.dtype)
+    if v.dtype == torch.bool:
+        return torch.ones(shape, dtype=torch.bool)
+    return torch.randint(0, 2, shape, dtype=v.dtype)
+
+
+def capture_one(mod: nn.Module, args: tuple, kwargs: dict, mode: FakeTensorMode) -> Any:
+    """Capture one module on recorded fake inputs: ``symbolic_trace`` (without keyword inputs only), then
+    ``export``. Returns a :class:`normaudit.capture.Capture` (``gm`` None when both fail)."""
+    from normaudit.capture import Capture, _export, _one_line, _quiet, _root_cause, _symbolic_trace
+
+    attempts: list[CaptureAttempt] = []
+    modules = dict(mod.named_modules())
+    methods = ["export"] if kwargs else ["symbolic_trace", "export"]  # fx tracing sees no keyword inputs
+    for method in methods:
+        t0 = time.perf_counter()
+        try:
+            with _quiet():
+                if method == "symbolic_trace":
+                    gm, user = _symbolic_trace(mod, args, mode)
+                else:
+                    gm, user = _export(mod, args, mode, kwargs=kwargs)
+        except Exception as exc:  # noqa: BLE001
+            attempts.append(CaptureAttempt(method=method, ok=False, error=_one_line(_root_cause(exc)),
+                                           seconds=round(time.perf_counter() - t0, 3)))
+            continue
+        attempts.append(CaptureAttempt(method=method, ok=True, seconds=round(time.perf_counter() - t0, 3)))
+        return Capture(gm=gm, method=method, attempts=attempts, root=mod, modules=modules, user_inputs=user)
+    return Capture(gm=None, method="module_walk", attempts=attempts, root=mod, modules=modules)
+
+
+def _describe(args: tuple, kwargs: dict) -> list[str]:
+    def one(name: str, t: Any) -> str:
+        if isinstance(t, torch.Tensor):
+            return f"{name}: {str(t.dtype).replace('torch.', '')}{list(t.shape)}"
+        return f"{name}: {type(t).__name__}"
+
+    return [one(f"arg{i}", a) for i, a in enumerate(args)] + [one(k, v) for k, v in kwargs.items() if v is not None]
+
+
+def capture_parts(root: nn.Module, inputs: Any, mode: FakeTensorMode, norm_paths: list[str],
+                  extra_kwargs: Optional[dict[str, Any]] = None) -> tuple[list[PartCapture], Optional[str]]:
+    """Capture the parts of ``root`` that hold the norm modules ``norm_paths`` (see the module docstring).
+
+    Returns the captured parts (outermost first, none nested in another) and the error that stopped the
+    eager forward (None when it ran through). Never raises.
+    """
+    holders = set(norm_paths)
+    for p in norm_paths:  # every ancestor of a norm holds a norm
+        parts = p.split(".")
+        holders.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    holders.discard("")
+    recorded, error = record_inputs(root, inputs, mode, holders, extra_kwargs)
+    if error is not None and len(recorded) < len(holders):
+        more, real_error = _record_real(root, inputs, mode, holders, extra_kwargs)
+        if len(more) > len(recorded):
+            recorded, error = more, real_error
+    found: list[PartCapture] = []
+    budget = {"attempts": 0, "until": time.perf_counter() + MAX_SECONDS}
+    children = {name: mod for name, mod in root.named_children()}
+    for name in children:
+        _visit(root, name, holders, recorded, mode, found, budget)
+    return found, error
+
+
+def _visit(root: nn.Module, path: str, holders: set[str], recorded: dict, mode: FakeTensorMode,
+           found: list[PartCapture], budget: dict) -> None:
+    if path not in holders:
+        return
+    mod = root.get_submodule(path)
+    if path in recorded and budget["attempts"] < MAX_ATTEMPTS and time.perf_counter() < budget["until"]:
+        budget["attempts"] += 1
+        args, kwargs = recorded[path]
+        sub = capture_one(mod, args, kwargs, mode)
+        if sub.gm is not None:
+            found.append(PartCapture(path=path, capture=sub, inputs=_describe(args, kwargs)))
+            return
+    for name, _ in mod.named_children():
+        _visit(root, f"{path}.{name}", holders, recorded, mode, found, budget)
+
+
+def facts_of_parts(ctx: Any, parts: list[PartCapture], walked: list) -> tuple[list, Any]:
+    """Site records of every part (module paths made whole-model paths), plus the ``walked`` records
+    (``normaudit.facts.sites.walk_modules``) of norm modules no part holds, and the ModelFacts of the part
+    with the most sites (blocks of every part, by whole-model path). Each part runs the graph passes of
+    :func:`normaudit.facts.collect_facts` (sites, axes, placement, formula, BatchNorm facts) on its own
+    graph; the size and batch probes, which re-run the whole model, do not run for parts."""
+    from normaudit.facts import FactContext, graph_facts
+    from normaudit.report import ModelFacts
+
+    records: list = []
+    best, best_count, blocks = None, -1, []
+    for part in parts:
+        probe = None
+        if ctx.probe_model is not None:
+            with contextlib.suppress(AttributeError):
+                probe = ctx.probe_model.get_submodule(part.path)
+        sub = FactContext(cap=part.capture, origins=ctx.origins, input_axes=None, options=dict(ctx.options or {}),
+                          probe_model=probe, inputs=None, config=ctx.config, config_source=ctx.config_source)
+        facts = ModelFacts(class_name=type(part.capture.root).__name__)
+        recs = graph_facts(sub, facts)
+        repeated = part.path.rpartition(".")[2].isdigit()  # one of a stack of numbered blocks
+        for rec in recs:
+            inner = rec.site.module
+            rec.site.module = _join(part.path, rec.site.module)
+            if rec.site.block is not None:
+                rec.site.block = _join(part.path, rec.site.block)
+            elif repeated and rec.site.placement in ("pre", "post", "sandwich"):
+                rec.site.block = part.path  # the part is the block around this residual norm
+                _block_of(facts, part).norms[inner] = rec.site.placement
+            rec.site.extra["captured_part"] = part.path
+        for b in facts.blocks:
+            b.path = b.path if b.path == part.path else _join(part.path, b.path)
+        blocks += facts.blocks
+        if len(recs) > best_count:
+            best, best_count = facts, len(recs)
+        records += recs
+    inside = [p.path for p in parts]
+    records += [r for r in walked if not any(_under(r.site.module, p) for p in inside)]
+    if best is not None:
+        best.blocks = blocks
+    return records, best
+
+
+def _block_of(facts: Any, part: PartCapture) -> Any:
+    from normaudit.report import Block
+
+    for b in facts.blocks:
+        if b.path == part.path:
+            return b
+    facts.blocks.append(Block(path=part.path, class_name=type(part.capture.root).__name__))
+    return facts.blocks[-1]
+
+
+def _join(prefix: str, path: str) -> str:
+    return f"{prefix}.{path}" if path else prefix
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + ".")
+
+
+def covers_all(cap: Any) -> bool:
+    """Whether the captured parts of a failed capture hold every norm module (``walk_modules``)."""
+    from normaudit.facts.sites import walk_modules
+
+    if cap.gm is not None or not getattr(cap, "parts", None):
+        return False
+    inside = [p.path for p in cap.parts]
+    return all(any(_under(r.site.module, p) for p in inside) for r in walk_modules(cap.modules) if r.site.module)
+
+
+def coverage(cap: Any, sites: list) -> tuple[list, list]:
+    """The report's ``capture.parts`` and ``capture.unaudited`` (``normaudit.report.CapturedPart`` and
+    ``UnauditedModule``) for a capture and the sites found from it.
+
+    A norm module (as ``walk_modules`` finds them) is unaudited when no site from a graph lies in it: with a
+    whole-model graph it was never called by the forward on the inputs used (a vision or speech tower of a
+    multimodal model given text only, an unused norm); without one, it lies in no captured part.
+    """
+    from normaudit.facts.sites import walk_modules
+    from normaudit.report import CapturedPart, UnauditedModule
+
+    parts = [CapturedPart(module=p.path, class_name=type(p.capture.root).__name__, method=p.capture.method,
+                          inputs=p.inputs, sites=sum(_under(s.module, p.path) and s.detected_by != "module_walk"
+                                                     for s in sites))
+             for p in getattr(cap, "parts", [])]
+    graphed = [s.module for s in sites if s.detected_by not in ("module_walk", "checkpoint")]
+    if cap.gm is not None:
+        reason = ("no norm computation of it in the captured graph: never called by the forward on the inputs "
+                  "used (or run inside an op the graph keeps opaque)")
+    elif parts:
+        reason = "in no part that could be captured alone: found by walking named_modules(), no graph facts"
+    else:
+        reason = "the model could not be captured: found by walking named_modules(), no graph facts"
+    out = []
+    for rec in walk_modules(cap.modules):
+        path = rec.site.module
+        if path and not any(_under(g, path) for g in graphed):
+            out.append(UnauditedModule(module=path, kind=type(rec.module_obj).__name__, reason=reason))
+    return parts, out
+
+
+def coverage_note(parts: list, unaudited: list, whole: bool) -> list[str]:
+    """Notes for the report: which parts were captured alone, and the norm modules not audited."""
+    notes = []
+    if parts:
+        names = ", ".join(p.module for p in parts[:6]) + (f" and {len(parts) - 6} more" if len(parts) > 6 else "")
+        notes.append(f"the whole model could not be captured; {len(parts)} part(s) captured alone ({names}): "
+                     "their sites have graph facts, placement is judged within each part")
+    if unaudited and (whole or parts):
+        names = ", ".join(u.module for u in unaudited[:6]) + (f" and {len(unaudited) - 6} more"
+                                                                 if len(unaudited) > 6 else "")
+        notes.append(f"{len(unaudited)} norm module(s) not audited ({unaudited[0].reason}): {names}")
+    return notes

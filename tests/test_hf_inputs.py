@@ -1,0 +1,90 @@
+"""Inputs built for transformers models from their forward signature and config (tiny configs, meta device),
+and the captures they give."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+transformers = pytest.importorskip("transformers")
+
+from conftest import audit_model  # noqa: E402
+from normaudit.target.inputs import infer_hf_inputs  # noqa: E402
+
+TEXT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+VISION = dict(TEXT, image_size=32, patch_size=8)
+
+
+def _meta(config_cls: str, model_cls: str, **kw) -> nn.Module:
+    cfg = getattr(transformers, config_cls)(**kw)
+    with torch.device("meta"):
+        return getattr(transformers, model_cls)(cfg)
+
+
+def _shapes(model: nn.Module) -> dict[str, tuple]:
+    kwargs, _ = infer_hf_inputs(model)
+    return {k: (tuple(v.shape), v.dtype) for k, v in kwargs.items()}
+
+
+F, I = torch.float32, torch.int64
+
+
+def _norm_modules(model: nn.Module) -> list[str]:
+    """Activation norms by class (weight-norm parametrizations are not normalisation layers)."""
+    kinds = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm, nn.RMSNorm)
+    return [n for n, m in model.named_modules()
+            if isinstance(m, kinds) or type(m).__name__.endswith(("LayerNorm", "RMSNorm"))]
+WHISPER = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+               decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=16,
+               max_source_positions=16, max_target_positions=32)
+BART = dict(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+            encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=99)
+CASES = {
+    "vit": (("ViTConfig", "ViTModel", VISION), {"pixel_values": ((2, 3, 32, 32), F)}),
+    "videomae": (("VideoMAEConfig", "VideoMAEModel", dict(VISION, num_frames=4, tubelet_size=2)),
+                 {"pixel_values": ((2, 4, 3, 32, 32), F)}),
+    "whisper": (("WhisperConfig", "WhisperModel", WHISPER),
+                {"input_features": ((2, 16, 32), F), "decoder_input_ids": ((2, 16), I)}),
+    "wav2vec2": (("Wav2Vec2Config", "Wav2Vec2Model", TEXT), {"input_values": ((2, 3200), F)}),
+    "speech_to_text": (("Speech2TextConfig", "Speech2TextModel", dict(WHISPER, input_feat_per_channel=20,
+                                                                      input_channels=1, num_mel_bins=None)),
+                       {"input_features": ((2, 64, 20), F), "decoder_input_ids": ((2, 16), I)}),
+    "clip": (("CLIPConfig", "CLIPModel", dict(text_config=dict(TEXT, vocab_size=99), vision_config=VISION,
+                                               projection_dim=16)),
+             {"input_ids": ((2, 16), I), "pixel_values": ((2, 3, 32, 32), F)}),
+    "t5": (("T5Config", "T5Model", dict(d_model=32, d_ff=64, num_layers=1, num_heads=4, d_kv=8, vocab_size=99)),
+           {"input_ids": ((2, 16), I), "decoder_input_ids": ((2, 16), I)}),
+    "bart": (("BartConfig", "BartModel", BART), {"input_ids": ((2, 16), I), "decoder_input_ids": ((2, 16), I)}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_inputs_fit_the_config(name):
+    (cfg, cls, kw), expected = CASES[name]
+    model = _meta(cfg, cls, **{k: v for k, v in kw.items() if v is not None})
+    assert _shapes(model) == expected
+
+
+def test_vision_language_model_gets_one_image_token_per_image_feature():
+    # 32x32 image, patch 8: 16 patches, the CLS feature dropped ("default" strategy): 16 tokens per image
+    model = _meta("LlavaConfig", "LlavaModel", vision_config=dict(VISION, model_type="clip_vision_model",
+                                                                   projection_dim=16),
+                  text_config=dict(TEXT, model_type="llama", vocab_size=120, num_key_value_heads=4),
+                  image_token_index=110)
+    kwargs, text = infer_hf_inputs(model)
+    ids = kwargs["input_ids"]
+    assert tuple(ids.shape) == (2, 16 + 16) and tuple(kwargs["pixel_values"].shape) == (2, 3, 32, 32)
+    assert (ids == 110).sum(dim=1).tolist() == [16, 16]
+    assert text == "input_ids int64 (2, 32), pixel_values float (2, 3, 32, 32)"
+
+
+@pytest.mark.parametrize("name, sites", [("whisper", 12), ("wav2vec2", 7), ("clip", 11), ("vit", 5)])
+def test_captured_with_every_norm(name, sites, rules):
+    (cfg, cls, kw), _ = CASES[name]
+    model = _meta(cfg, cls, **kw)
+    report = audit_model(model, rules=rules, on_meta=True)
+    assert report.capture.complete and report.capture.method == "export"
+    norms = _norm_modules(model)
+    by_module = [s.module for s in report.sites if s.detected_by == "module"]
+    assert len(norms) == sites and sorted(by_module) == sorted(norms)  # every norm module was called, once
+    assert report.capture.unaudited == []
