@@ -49,7 +49,8 @@ from typing import Any, Optional
 import torch
 from torch import fx, nn
 
-from normaudit.capture.ir import NEUTRAL_OPS, dtype, op_name, reduction, scalar_operand, strip_neutral
+from normaudit.capture.ir import NEUTRAL_OPS, arg, dtype, op_name, owner, reduction, scalar_operand, strip_neutral
+from normaudit.capture.ir import shape as node_shape
 from normaudit.facts.probe import probe_formula, probe_half_precision
 from normaudit.facts.reference import formula_text
 from normaudit.facts.sites import SiteRecord
@@ -280,6 +281,19 @@ def graph_formula(rec: SiteRecord, g: _Graph, owner_nodes: Optional[set] = None)
     if s.detected_by != "pattern" or rec.stat is None:
         return None
     h = rec.hints
+    if h.get("statistic") == "grn":
+        # Global Response Normalization: x * (1 + w * nx) + b, nx = ||x||_2 / (mean_C ||x||_2 + eps)
+        held = _dt(dtype(rec.stat))
+        return Formula(mean_subtracted=False, variance="none", eps_position="outside_sqrt", gain="weight",
+                       bias=True, inverted_scale=False, fused=False, upcast=False, stats_dtype=held, eps_dtype=held,
+                       size=_size(s))
+    if h.get("statistic") == "running_var":
+        # frozen BatchNorm: x * (w * rsqrt(running_var + eps)) + (b - running_mean * scale), in the buffers' dtype
+        held = _dt(dtype(rec.stat))
+        return Formula(mean_subtracted=True, variance="population", eps_position=h.get("how_eps") or "none",
+                       gain="weight" if s.affine_weight else "none", bias=bool(s.affine_bias), inverted_scale=False,
+                       fused=False, upcast=held in ("float32", "float64") and in_dt in HALF, stats_dtype=held,
+                       eps_dtype=held, size=_size(s))
     f = Formula(mean_subtracted=h.get("centered"), variance=h.get("variance"), size=_size(s))
     scale = _scale_node(rec)
     how = h.get("how_eps") or "none"
@@ -383,14 +397,54 @@ def _signature(mod: nn.Module, rec: SiteRecord, half: str) -> tuple:
     return key
 
 
-def _probe(mod: nn.Module, rec: SiteRecord, half: torch.dtype):
+_LAYOUT_OPS = ("permute", "transpose", "contiguous", "clone") + NEUTRAL_OPS
+
+
+def module_input_layout(rec: SiteRecord, modules: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(shape of the tensor entering the site's module, the reduced dims in its coordinates). A channels-first
+    norm (timm ``LayerNorm2d``, ConvNeXt's ``channels_first`` LayerNorm) permutes its (N, C, H, W) input to
+    (N, H, W, C) and normalises the last dim: the probe must feed (N, C, H, W) and read dim 1. The permutes
+    and transposes inside the module between its input and the site's input are undone; without them this is
+    the site's own input shape and reduced dims."""
+    s = rec.site
+    dims = tuple(s.reduced_dims or ())
+    here = (tuple(s.input_shape or ()), dims)
+    node, m = rec.input, list(range(len(s.input_shape or ())))  # site dim d is dim m[d] of ``node``
+    for _ in range(12):
+        if not isinstance(node, fx.Node) or owner(node, modules) != s.module or op_name(node) not in _LAYOUT_OPS:
+            break
+        src = node.args[0] if node.args else None
+        rank = len(node_shape(src) or ())
+        if op_name(node) == "permute":
+            p = arg(node, 1, "dims", None)
+            p = list(node.args[1:]) if isinstance(p, int) else list(p or [])
+            if len(p) != rank:
+                return here
+            p = [int(d) % rank for d in p]
+        elif op_name(node) == "transpose":
+            a, b = (int(arg(node, 1, "dim0")) % rank, int(arg(node, 2, "dim1")) % rank) if rank else (0, 0)
+            p = list(range(rank))
+            p[a], p[b] = p[b], p[a]
+        else:
+            p = list(range(rank))
+        if rank != len(m):
+            return here
+        m = [p[i] for i in m]
+        node = src
+    if not isinstance(node, fx.Node) or node is rec.input or node_shape(node) is None:
+        return here
+    return tuple(node_shape(node)), tuple(m[d] for d in dims)
+
+
+def _probe(mod: nn.Module, rec: SiteRecord, half: torch.dtype, modules: Optional[dict] = None):
     """Run both probes on a copy of ``mod`` (materialised on the CPU when on meta: the probe sets the gain
-    and bias itself, and no other floating tensor exists in a probed module)."""
+    and bias itself, and no other floating tensor exists in a probed module), fed in the layout of the
+    module's own input (:func:`module_input_layout`)."""
     s = rec.site
     if any(t.is_meta for t in list(mod.parameters()) + list(mod.buffers())):
         mod = copy.deepcopy(mod).to_empty(device="cpu")
-    shape = tuple(s.input_shape)
-    dims = tuple(s.reduced_dims or ())
+    shape, dims = module_input_layout(rec, modules) if modules is not None else (
+        tuple(s.input_shape), tuple(s.reduced_dims or ()))
     # keep the probe small: only the normalised dims matter, other positions just hold probe rows
     small = tuple(sz if d in dims else min(sz, 8) for d, sz in enumerate(shape))
     # tensors of a few thousand elements: one thread is faster than waking a pool (and far steadier on a
@@ -442,6 +496,25 @@ def _merge(f: Formula, r, h16, h, in_dt: Optional[str]) -> Optional[str]:
     return r.kind if r.confirmed and r.kind in PROBED_KINDS else None
 
 
+def _special_text(rec: SiteRecord, f: Formula) -> Optional[str]:
+    """The formula text of sites the LayerNorm/RMSNorm template does not describe: Global Response
+    Normalization (Woo et al. 2023, eq. 1-3), sums of squares (nGPT's ``x * rsqrt(sum(x^2) + eps)``, a unit
+    L2 norm) and the EvoNorm forms (Liu et al. 2020: a gated numerator,
+    ``x * sigmoid(v * x)``, or a ``max`` of two denominators)."""
+    s, h = rec.site, rec.hints
+    axes = ", ".join(s.normalized_axes or []) or "?"
+    if h.get("statistic") == "grn":
+        return f"Other (GRN): x * (1 + w * nx) + b, nx = ||x||_2 / (mean(||x||_2) + eps) over [{axes}]"
+    if h.get("sum_of_squares"):
+        return formula_text(s.kind, f, s.normalized_axes or []).replace("mean(x^2)", "sum(x^2)")
+    form = h.get("form")
+    if form == "gated":
+        return f"Other (EvoNorm-S): x * sigmoid(v * x) / sqrt(var_pop + eps) * w + b over [{axes}]"
+    if form == "combined":
+        return f"Other (EvoNorm-B): x / max(sqrt(running_var + eps), v * x + sqrt(var_pop + eps)) * w + b over [{axes}]"
+    return None
+
+
 def analyse(ctx: Any, records: list[SiteRecord]) -> None:
     """Set ``site.formula`` on every record (see the module docstring). ``ctx`` is a
     :class:`normaudit.facts.FactContext`; nothing in the graph or the models is modified."""
@@ -473,10 +546,10 @@ def analyse(ctx: Any, records: list[SiteRecord]) -> None:
         if mod is not None:
             key = _signature(mod, rec, str(half))
             if key not in cache:
-                cache[key] = _probe(mod, rec, half)
+                cache[key] = _probe(mod, rec, half, cap.modules)
             kind = _merge(f, *cache[key], s.input_dtype)
             if kind is not None and kind != s.kind:
                 f.notes.append(f"kind: the graph says {s.kind}, the probe measured {kind}; using the probe")
                 s.kind = kind  # type: ignore[assignment]
-        f.text = formula_text(s.kind, f, s.normalized_axes)
+        f.text = _special_text(rec, f) or formula_text(s.kind, f, s.normalized_axes)
         s.formula = f

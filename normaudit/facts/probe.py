@@ -145,10 +145,19 @@ def _run(s: _Setup, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
             y = s.module(x)
             if isinstance(y, (tuple, list)):
                 y = next(t for t in y if isinstance(t, torch.Tensor))
+            if tuple(y.shape) != s.shape and _is_scale_of(tuple(y.shape), s):
+                y = x * y  # a module returning only rsqrt(mean(x^2) + eps), for its caller to multiply
             if tuple(y.shape) != s.shape:
                 raise ValueError(f"output shape {tuple(y.shape)} differs from input shape {s.shape}")
             out.append(y.permute(perm).reshape(per, s.n)[: chunk.shape[0]].double())
     return torch.cat(out)
+
+
+def _is_scale_of(out_shape: tuple[int, ...], s: _Setup) -> bool:
+    """The output is one factor per normalised row: the input's shape with size 1 along the normalised dims
+    (``keepdim=True``), so the module hands its caller the scale to multiply by."""
+    return len(out_shape) == len(s.shape) and all(
+        o == 1 if d in s.dims else o == i for d, (o, i) in enumerate(zip(out_shape, s.shape)))
 
 
 def _set(s: _Setup, values: dict[str, float]) -> None:

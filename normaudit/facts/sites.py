@@ -9,16 +9,35 @@ Three detectors, in this order, each skipping nodes already claimed:
    ``F.instance_norm`` and their aten forms) inside any other module's forward;
 3. hand-written norms, recognised by what they compute: a statistic over some dims (``var``/``std``, or a
    ``mean`` of squares, centred or not), turned into a scale by ``sqrt``/``rsqrt``/``pow(-0.5)`` (or ``std``
-   itself), applied to the same tensor by ``mul``/``div``. ``kind`` follows the computation: mean
-   subtracted -> LayerNorm, not -> RMSNorm (Zhang & Sennrich 2019), whatever the class is called.
-   ``torch.var_mean`` counts (its variance reaches the root through ``getitem``). Inside a module that is
-   only a norm, ``x / max(||x||_2 [* d ** -0.5], eps)`` and ``F.normalize`` are RMSNorm too (the L2 norm is
-   the RMS up to sqrt(d), which the gain absorbs; hint ``statistic="l2_norm"``).
+   itself), applied to the same tensor by ``mul``/``div`` (through reshapes: a group std taken on
+   ``x.reshape(B, G, ...)``). ``kind`` follows the computation, whatever the class is called: a centred
+   numerator (``x - mean``) -> LayerNorm; ``x`` itself -> RMSNorm (Zhang & Sennrich 2019), also when the
+   statistic is a variance (timm's SimpleNorm, ``x * rsqrt(var(x) + eps)``: formula variance ``unbiased``,
+   ``mean_subtracted`` False); a gated numerator (EvoNorm-S0: ``x * sigmoid(v * x) / group_std``) or a
+   ``max``/``+`` of denominators (EvoNorm-B0) -> Other (Liu et al. 2020). ``torch.var_mean`` counts (its
+   variance reaches the root through ``getitem``). A sum of squares (nGPT's ``x * rsqrt(sum(x^2) + eps)``),
+   ``x / max(||x||_2 [* d ** -0.5], eps)`` and ``F.normalize`` are RMSNorm too (the L2 norm is the RMS up to
+   sqrt(d), which the gain absorbs; hint ``statistic="l2_norm"``) inside a module that is only a norm, or
+   elsewhere when a learned parameter rescales the result (a gain, or the temperature of cosine q/k scores
+   that feed a softmax, Swin-V2); a bare cosine similarity or contrastive logits (CLIP) are no site.
+   Global Response Normalization (ConvNeXt-V2: ``||x||_2`` over H, W divided by its channel mean + eps) is
+   kind Other (hint ``statistic="grn"``).
+4. frozen BatchNorms (torchvision/timm/detectron2 ``FrozenBatchNorm2d``, transformers'
+   ``DetrFrozenBatchNorm2d``): ``x * (w * rsqrt(running_var + eps)) + shift`` with the statistic a per-channel
+   buffer, kind BatchNorm in eval mode (hint ``statistic="running_var"``). Symbolic tracing evaluates buffer
+   arithmetic while tracing (it proxies parameters only) and leaves ``x * constant + constant``; such a
+   childless module holding 1-D buffers is retraced alone with ``make_fx`` on meta tensors to read its eps.
+
+Statistics of a parameter are no site whatever they compute: weight standardisation (Qiao et al. 2019;
+``F.batch_norm`` over a conv's weight in BiT and timm ``StdConv2d``) normalises no activation. Only nodes that
+depend on a model input (:func:`activation_nodes`) are normalised tensors.
 
 The module of a site is the innermost module whose forward produced it (CONTRACT.md).
 """
 from __future__ import annotations
 
+import copy
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -337,6 +356,13 @@ def _analyse_stat(stat: fx.Node) -> Optional[dict[str, Any]]:
     if red.op in ("var", "std", "var_mean", "std_mean"):
         return {"source": red.source, "dims": red.dims, "centered": True,
                 "variance": "unbiased" if (red.correction or 0) >= 1 else "population", "std": red.op == "std"}
+    if red.op == "sum":
+        # sum of squares (nGPT's x * rsqrt(sum(x^2) + eps)): the L2 norm, the RMS up to sqrt(d)
+        sq = _square_source(strip_neutral(red.source))
+        if sq is None or _centered_source(sq) is not None:
+            return None
+        return {"source": sq, "dims": red.dims, "centered": False, "variance": "mean_square", "std": False,
+                "statistic": "l2_norm"}
     if red.op == "mean":
         sq = _square_source(strip_neutral(red.source))
         if sq is None:
@@ -348,9 +374,25 @@ def _analyse_stat(stat: fx.Node) -> Optional[dict[str, Any]]:
     return None
 
 
+_VIEW_OPS = ("view", "reshape", "permute", "transpose", "contiguous", "flatten", "unflatten", "_unsafe_view",
+             "clone")
+
+
+def _base(node: Any) -> Any:
+    """``node`` through casts and layout-only ops (reshape into groups, permute): the tensor it views."""
+    for _ in range(16):
+        node = strip_neutral(node)
+        if isinstance(node, fx.Node) and op_name(node) in _VIEW_OPS and node.args and isinstance(node.args[0], fx.Node):
+            node = node.args[0]
+            continue
+        return node
+    return node
+
+
 def _related(node: Any, source: fx.Node, depth: int = 5) -> bool:
-    """True when ``node`` is ``source`` or derives from it (or its centred form) within a few hops."""
-    target = strip_neutral(source)
+    """True when ``node`` is ``source`` or derives from it (or its centred form, or a view of either: a
+    group-wise statistic is taken on ``x.reshape(B, G, -1)`` and applied to ``x``) within a few hops."""
+    target = _base(source)
     frontier = [node]
     for _ in range(depth):
         nxt = []
@@ -358,7 +400,7 @@ def _related(node: Any, source: fx.Node, depth: int = 5) -> bool:
             if not isinstance(n, fx.Node):
                 continue
             s = strip_neutral(n)
-            if s is target or n is source:
+            if s is target or n is source or _base(s) is target:
                 return True
             if isinstance(s, fx.Node) and op_name(s) in ("sub", "mul", "div", "to", "add", "alias"):
                 nxt.extend(a for a in s.args if isinstance(a, fx.Node))
@@ -366,10 +408,15 @@ def _related(node: Any, source: fx.Node, depth: int = 5) -> bool:
     return False
 
 
+_SCALE_PATH = ("expand", "expand_as", "unsqueeze", "view", "reshape", "_unsafe_view")
+
+
 def _apply_node(scale: fx.Node, source: fx.Node, by: str) -> Optional[fx.Node]:
-    """The mul/div that applies ``scale`` to the source tensor (following casts/expands forward)."""
+    """The mul/div that applies ``scale`` to the source tensor, following casts, broadcasting and reshapes
+    forward (a group std computed on ``x.reshape(B, G, ...)`` is reshaped back to ``x``'s shape) and
+    ``max``/``+`` combinations of the denominator (EvoNorm-B0: ``x / max(sqrt(var + eps), v * x + std)``)."""
     frontier = [scale]
-    for _ in range(4):
+    for _ in range(6):
         nxt = []
         for n in frontier:
             for user in n.users:
@@ -380,7 +427,10 @@ def _apply_node(scale: fx.Node, source: fx.Node, by: str) -> Optional[fx.Node]:
                         continue
                     if _related(other, source):
                         return user
-                if name in NEUTRAL_OPS or name in ("expand", "expand_as", "unsqueeze", "view"):
+                if name in NEUTRAL_OPS or name in _SCALE_PATH:
+                    nxt.append(user)
+                elif name in ("maximum", "max", "add") and len(user.args) > 1 and all(
+                        isinstance(a, fx.Node) for a in user.args[:2]):
                     nxt.append(user)
         frontier = nxt
     return None
@@ -433,9 +483,322 @@ def _location(node: Optional[fx.Node], skip_inner: int = 0) -> Optional[SourceLo
 
 
 def _norm_like(mod: Optional[nn.Module]) -> bool:
-    """A module that is only a norm: no submodules, parameters at most 1-D (so its forward is the norm)."""
+    """A module that is only a norm: no submodules, parameters with at most one dim of size > 1 (a per-feature
+    gain, also shaped (1, C, 1, 1) for channels-first input), so its forward is the norm."""
     return (mod is not None and not any(True for _ in mod.children())
-            and all(p.dim() <= 1 for p in mod.parameters(recurse=False)))
+            and all(sum(int(d) > 1 for d in p.shape) <= 1 for p in mod.parameters(recurse=False)))
+
+
+def activation_nodes(gm: fx.GraphModule, user_inputs: list[str]) -> Optional[set]:
+    """The nodes whose value depends on a model input (activations), in one pass over the graph; None when
+    the capture names no inputs (then every node counts as one). A node outside this set is a function of
+    parameters, buffers and constants only: statistics over it (weight standardisation, Qiao et al. 2019:
+    ``F.batch_norm`` over a conv's weight in BiT/timm ``StdConv2d``) normalise no activation."""
+    names = set(user_inputs)
+    if not names:
+        return None
+    act: set = set()
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            if node.name in names:
+                act.add(node)
+        elif any(a in act for a in node.all_input_nodes):
+            act.add(node)
+    return act
+
+
+def _is_act(node: Any, act: Optional[set]) -> bool:
+    return isinstance(node, fx.Node) and (act is None or node in act)
+
+
+def _numerator_form(other: Any, source: fx.Node, act: Optional[set]) -> str:
+    """What the scale is applied to: ``centred`` (``x - mean(x)``, through gains by parameters and casts),
+    ``plain`` (``x`` itself or a view of it) or ``gated`` (``x`` times another function of ``x``, as in
+    EvoNorm-S0's ``x * sigmoid(v * x) / std``); ``unknown`` when the walk finds none of these."""
+    node, target = other, _base(source)
+    for _ in range(8):
+        node = strip_neutral(node)
+        if not isinstance(node, fx.Node):
+            return "unknown"
+        if node is target or _base(node) is target:
+            return "plain"
+        name = op_name(node)
+        if name == "sub" and len(node.args) > 1:
+            m = strip_neutral(node.args[1])
+            if isinstance(m, fx.Node) and (
+                    (op_name(m) == "mean" and reduction(m) is not None and _base(reduction(m).source) is _base(node.args[0]))
+                    or (op_name(m) == "getitem" and isinstance(m.args[0], fx.Node)
+                        and op_name(m.args[0]) in ("var_mean", "std_mean"))):
+                return "centred"
+            return "unknown"
+        if name in ("mul", "div") and len(node.args) > 1:
+            acts = [a for a in node.args[:2] if _is_act(a, act)]
+            if len(acts) == 2 and act is not None:
+                return "gated"
+            if len(acts) == 1:
+                node = acts[0]
+                continue
+            return "unknown"
+        if name in _VIEW_OPS and node.args:
+            node = node.args[0]
+            continue
+        return "unknown"
+    return "unknown"
+
+
+def _buffer_stat(scale_in: fx.Node, act: Optional[set]) -> Optional[tuple[fx.Node, Optional[float]]]:
+    """``running_var + eps`` under a sqrt/rsqrt: (the per-channel tensor that is no activation, eps), else
+    None. The frozen BatchNorm of torchvision/timm/detectron2/DETR: ``x * (w * (rv + eps).rsqrt()) + shift``."""
+    if act is None:
+        return None
+    node, eps = strip_neutral(scale_in), None
+    if isinstance(node, fx.Node) and op_name(node) == "add" and scalar_operand(node) is not None:
+        eps = scalar_operand(node)
+        node = next((a for a in node.args[:2] if isinstance(a, fx.Node)), None)
+    node = _base(node)
+    if not isinstance(node, fx.Node) or node in act or node.op not in ("get_attr", "placeholder"):
+        return None
+    sh = shape(node)
+    if sh is None or len(sh) != 1 or sh[0] < 2:
+        return None
+    return node, eps
+
+
+def _apply_to_activation(scale: fx.Node, act: set) -> Optional[tuple[fx.Node, fx.Node, bool]]:
+    """Follow ``scale`` (a function of buffers) forward through products with other non-activations and
+    reshapes to the mul/div that applies it to an activation: (that node, the activation, a gain was
+    multiplied in on the way), or None."""
+    frontier, gain = [scale], False
+    for _ in range(6):
+        nxt = []
+        for n in frontier:
+            for user in n.users:
+                name = op_name(user)
+                others = [a for a in user.args[:2] if a is not n]
+                if name in ("mul", "div") and others and _is_act(others[0], act):
+                    if name == "div" and user.args[0] is n:
+                        continue
+                    return user, others[0], gain
+                if name == "mul" and others and isinstance(others[0], fx.Node) and others[0] not in act:
+                    gain = True
+                    nxt.append(user)
+                elif name in NEUTRAL_OPS or name in _SCALE_PATH:
+                    nxt.append(user)
+        frontier = nxt
+    return None
+
+
+def _grn_stat(norm: fx.Node) -> Optional[tuple[fx.Node, tuple[int, ...], fx.Node, Optional[float]]]:
+    """Global Response Normalization (ConvNeXt-V2, Woo et al. 2023, eq. 1-2): ``gx = ||x||_2`` over the
+    spatial dims, ``nx = gx / (mean_C(gx) + eps)``. For the 2-norm node: (source, all reduced dims, the
+    ``nx`` division, eps) or None."""
+    l2 = _l2_stat(norm)
+    if l2 is None or op_name(norm) == "normalize":
+        return None
+    src, dims = l2
+    for u in norm.users:
+        if op_name(u) != "div" or u.args[0] is not norm or not isinstance(u.args[1], fx.Node):
+            continue
+        den = strip_neutral(u.args[1])
+        eps = None
+        if op_name(den) == "add" and scalar_operand(den) is not None:
+            eps = scalar_operand(den)
+            den = next((a for a in den.args[:2] if isinstance(a, fx.Node)), None)
+        red = reduction(den) if isinstance(den, fx.Node) else None
+        if red is not None and red.op == "mean" and strip_neutral(red.source) is norm:
+            return src, tuple(sorted(set(dims) | set(red.dims))), u, eps
+    return None
+
+
+def _learned_rescale(normed: fx.Node, act: Optional[set]) -> bool:
+    """An L2-normalised tensor multiplied by a learned parameter, as a norm's gain would be: directly
+    (``scale * F.normalize(x)``, through constant factors and views), or, for q and k, through their scores
+    when those feed an attention softmax (Swin-V2's ``softmax((q_n @ k_n^T) * logit_scale.exp() + bias)``).
+    A bare cosine similarity is not a normalisation layer, nor are contrastive logits scaled by a temperature
+    (CLIP's ``text_n @ image_n^T * logit_scale.exp()``: no softmax in the forward)."""
+    if act is None:
+        return False
+    frontier, through_scores = [normed], False
+    for _ in range(6):
+        nxt = []
+        for n in frontier:
+            for u in n.users:
+                name = op_name(u)
+                others = [a for a in u.args[:2] if a is not n]
+                if name in ("mul", "div") and others:
+                    o = others[0]
+                    if isinstance(o, fx.Node) and o not in act:
+                        return not through_scores or _feeds_softmax(u)
+                    if not isinstance(o, fx.Node):
+                        nxt.append(u)  # a constant: sqrt(d)
+                elif name in ("matmul", "bmm"):
+                    through_scores = True
+                    nxt.append(u)
+                elif name in NEUTRAL_OPS or name in _VIEW_OPS + _SCALE_PATH:
+                    nxt.append(u)
+        frontier = nxt
+    return False
+
+
+def _feeds_softmax(node: fx.Node) -> bool:
+    """``node`` reaches a softmax within a few elementwise steps (a position bias, a mask, a view)."""
+    frontier = [node]
+    for _ in range(6):
+        nxt = []
+        for n in frontier:
+            for u in n.users:
+                name = op_name(u)
+                if name in ("softmax", "_softmax", "_safe_softmax", "log_softmax"):
+                    return True
+                if name in ("add", "sub", "mul", "div", "masked_fill", "where") or name in NEUTRAL_OPS + _VIEW_OPS:
+                    nxt.append(u)
+        frontier = nxt
+    return False
+
+
+def _is_root(node: fx.Node) -> bool:
+    """sqrt/rsqrt/pow(±0.5) of a tensor: where a statistic becomes a scale."""
+    name = op_name(node)
+    if not node.args or not isinstance(node.args[0], fx.Node):
+        return False
+    return name in ("rsqrt", "sqrt") or (name == "pow" and len(node.args) > 1 and node.args[1] in (0.5, -0.5))
+
+
+def _feeds_from(node: Any, scale: fx.Node, depth: int = 8) -> bool:
+    """True when ``node`` is ``scale`` or computed from it within a few hops (the denominator side)."""
+    frontier = [node]
+    for _ in range(depth):
+        nxt = []
+        for n in frontier:
+            if n is scale:
+                return True
+            if isinstance(n, fx.Node) and n.op in ("call_function", "call_method"):
+                nxt.extend(a for a in n.args if isinstance(a, fx.Node))
+        frontier = nxt
+    return False
+
+
+def _combined(scale: fx.Node, applied: fx.Node) -> bool:
+    """The scale reaches the applying node through a ``max``/``+`` with another tensor (EvoNorm-B0's
+    ``max(sqrt(running_var + eps), v * x + instance_std(x))``): not a plain LayerNorm/RMSNorm."""
+    frontier = [applied]
+    for _ in range(8):
+        nxt = []
+        for n in frontier:
+            for a in n.args[:2] if isinstance(n, fx.Node) else ():
+                if not isinstance(a, fx.Node) or not _feeds_from(a, scale):
+                    continue
+                if a is scale:
+                    continue
+                if op_name(a) in ("maximum", "max") or (op_name(a) == "add" and all(
+                        isinstance(b, fx.Node) for b in a.args[:2])):
+                    return True
+                nxt.append(a)
+        frontier = nxt
+    return False
+
+
+def _add_frozen_batchnorm(root: fx.Node, frozen: tuple[fx.Node, Optional[float]], act: Optional[set],
+                          add_pattern, modules) -> None:
+    """A BatchNorm with frozen statistics written out (torchvision ``FrozenBatchNorm2d``: ``x * scale + shift``
+    with ``scale = w * (running_var + eps).rsqrt()``): kind BatchNorm over every dim but the channel dim,
+    in eval mode, running statistics tracked. Only where the per-channel size matches the activation's
+    channel dim (dim 1)."""
+    buf, eps = frozen
+    found = _apply_to_activation(root, act) if act is not None else None
+    if found is None:
+        return
+    applied, x, gain = found
+    x_shape, n = shape(x), shape(buf)[0]
+    if x_shape is None or len(x_shape) < 2 or x_shape[1] != n:
+        return
+    if op_name(root) == "sqrt" and op_name(applied) != "div":
+        return
+    dims = [d for d in range(len(x_shape)) if d != 1]
+    rec = add_pattern(owner(root, modules), root, buf, applied, x, dims, True, "population", eps,
+                      "inside_sqrt" if eps is not None else "none", kind="BatchNorm")
+    rec.site.normalized_shape = None
+    rec.site.num_channels = n
+    rec.site.training, rec.site.track_running_stats = False, True
+    rec.site.affine_weight = gain or None  # w folded into the scale before it is applied
+    rec.hints["statistic"] = "running_var"
+
+
+def _add_l2(node: fx.Node, act: Optional[set], add_pattern, modules) -> None:
+    """Sites from a 2-norm: Global Response Normalization; ``x / max(||x||_2 [* d ** -0.5], eps)`` and
+    ``F.normalize`` as RMSNorm (up to a constant the gain absorbs) inside a module that is only a norm, or
+    elsewhere when a learned parameter rescales the result (a gain, or the temperature of cosine q/k
+    scores). An L2-normalised embedding with no learned scale (cosine similarity) is not a normalisation
+    layer."""
+    path = owner(node, modules)
+    src, dims = _l2_stat(node)
+    if not _is_act(src, act):
+        return
+    grn = _grn_stat(node)
+    if grn is not None:
+        src, all_dims, nx, eps = grn
+        rec = add_pattern(path, node, node, nx, src, all_dims, False, "mean_square", eps, "outside_sqrt",
+                          kind="Other")
+        rec.hints["statistic"] = "grn"
+        return
+    if op_name(node) == "normalize":
+        applied = node
+        eps_v = arg(node, 3, "eps", 1e-12)
+        eps, how = (float(eps_v) if isinstance(eps_v, (int, float)) else None), "clamp"
+    else:
+        scale, eps, how = _l2_scale(node)
+        applied = _apply_node(scale, src, "div")
+        if applied is None or op_name(applied) != "div":
+            return
+    if not _norm_like(modules.get(path)) and not _learned_rescale(applied, act):
+        return
+    rec = add_pattern(path, node, node, applied, src, dims, False, "mean_square", eps, how)
+    rec.hints["statistic"] = "l2_norm"
+
+
+def _retraced_frozen_batchnorm(mod: nn.Module, x: fx.Node) -> Optional[tuple[Optional[float], int, bool]]:
+    """(eps, channels, a gain is multiplied in) of a frozen BatchNorm module whose buffer arithmetic symbolic tracing evaluated while
+    tracing (it proxies parameters, not buffers, so ``w * (running_var + eps).rsqrt()`` is left as one
+    constant): the module alone, on a meta copy, traced at the dispatcher (``make_fx`` records every op,
+    buffers included), then read like an exported graph. None when it is not one (or cannot be traced)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x_shape, x_dtype = shape(x), dtype(x)
+    if x_shape is None or x_dtype is None:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            copy_ = copy.deepcopy(mod).to_empty(device="meta")
+            small = make_fx(copy_)(torch.empty(x_shape, dtype=x_dtype, device="meta"))
+    except Exception:  # foreign code: no site rather than a crash
+        return None
+    act = activation_nodes(small, [n.name for n in small.graph.nodes if n.op == "placeholder"])
+    for node in small.graph.nodes:
+        if not _is_root(node):
+            continue
+        frozen = _buffer_stat(node.args[0], act)
+        found = _apply_to_activation(node, act) if frozen is not None and act is not None else None
+        if found is not None and shape(found[1]) == x_shape:
+            return frozen[1], shape(frozen[0])[0], found[2]
+    return None
+
+
+def _folded_candidates(nodes: list[fx.Node], mod: Optional[nn.Module], act: Optional[set]):
+    """In a childless module holding 1-D floating buffers, the ``x * constant`` multiplies (symbolic tracing's
+    folded buffer arithmetic) with their activation operand: [(mul, x)]."""
+    if act is None or mod is None or any(True for _ in mod.children()):
+        return []
+    if not any(b.is_floating_point() and b.dim() == 1 for b in mod.buffers(recurse=False)):
+        return []
+    out = []
+    for n in nodes:
+        if op_name(n) == "mul" and len(n.args) > 1:
+            a, b = n.args[0], n.args[1]
+            for x, c in ((a, b), (b, a)):
+                if _is_act(x, act) and isinstance(c, fx.Node) and c.op == "get_attr" and c not in act:
+                    out.append((n, x))
+    return out
 
 
 def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = None) -> list[SiteRecord]:
@@ -461,13 +824,10 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
         site.definition = origins.get(id(mod)) if mod is not None else None
         # Where a fix goes: the constructor line of a norm module, the call line of a functional norm.
         site.source = (site.call or site.definition) if by == "functional" else (site.definition or site.call)
-        # What computes it: the call of a functional norm; for a hand-written one the statistic's line
-        # (add_pattern); nothing for a torch.nn module (torch computes it).
-        site.computation = None if by == "module" else _location(node)
-        site.class_module = type(mod).__module__ if mod is not None else None
         return rec
 
     # 1 + 2: built-in modules and functional calls
+    act = activation_nodes(gm, list(cap.user_inputs))
     seen_builtin: set[str] = set()
     for node in gm.graph.nodes:
         name = op_name(node)
@@ -483,6 +843,8 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
             path = owner(node, modules)
             mod = modules.get(path)
             kind = OP_KINDS[name]
+            if not _is_act(node.args[0] if node.args else None, act):
+                continue  # F.batch_norm over a conv's weight: weight standardisation, no activation normalised
             if builtin_kind(mod) is not None:
                 rec = new(path, builtin_kind(mod), "module", node, name)
                 _module_facts(rec.site, mod, shape(node.args[0]))
@@ -513,13 +875,12 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
         records.append(rec)
 
     def add_pattern(path: str, node: fx.Node, stat: fx.Node, applied: fx.Node, src: fx.Node, dims,
-                    centered: bool, variance: str, eps: Optional[float], how: str) -> SiteRecord:
+                    centered: bool, variance: str, eps: Optional[float], how: str,
+                    kind: Optional[str] = None) -> SiteRecord:
         nonlocal claimed
-        rec = new(path, "LayerNorm" if centered else "RMSNorm", "pattern", node, None)
+        rec = new(path, kind or ("LayerNorm" if centered else "RMSNorm"), "pattern", node, None)
         rec.input = strip_neutral(src)
         rec.stat = stat
-        rec.site.computation = _location(stat) or rec.site.computation
-        rec.site.extra["inline"] = not _norm_like(rec.module_obj)
         out, chain = _extend_affine(applied, path, modules)
         rec.output = out
         rec.nodes |= {node, stat, applied, *chain}
@@ -547,57 +908,67 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
             continue
         name = op_name(node)
         stat = eps = how = None
-        if name in ("rsqrt", "sqrt") and node.args and isinstance(node.args[0], fx.Node):
+        if _is_root(node):
             found = _find_stat(node.args[0])
             if found is None:
-                continue
-            stat, eps, how = found
-        elif name == "pow" and len(node.args) > 1 and node.args[1] in (0.5, -0.5) and isinstance(node.args[0], fx.Node):
-            found = _find_stat(node.args[0])
-            if found is None:
+                frozen = _buffer_stat(node.args[0], act)
+                if frozen is not None:
+                    _add_frozen_batchnorm(node, frozen, act, add_pattern, modules)
                 continue
             stat, eps, how = found
         elif name == "std":
             stat, eps, how = node, None, "none"
         elif _l2_stat(node) is not None:
-            # x / max(||x||_2 [* d ** -0.5], eps), F.normalize: RMSNorm up to a constant the gain absorbs.
-            # Only inside a module that is only a norm: an L2-normalised embedding elsewhere (cosine
-            # similarity) is not a normalisation layer.
-            path = owner(node, modules)
-            if not _norm_like(modules.get(path)):
-                continue
-            src, dims = _l2_stat(node)
-            if op_name(node) == "normalize":
-                scale, applied = node, node
-                eps_v = arg(node, 3, "eps", 1e-12)
-                eps, how = (float(eps_v) if isinstance(eps_v, (int, float)) else None), "clamp"
-            else:
-                scale, eps, how = _l2_scale(node)
-                applied = _apply_node(scale, src, "div")
-                if applied is None or op_name(applied) != "div":
-                    continue
-            rec = add_pattern(path, node, node, applied, src, dims, False, "mean_square", eps, how)
-            rec.hints["statistic"] = "l2_norm"
+            _add_l2(node, act, add_pattern, modules)
             continue
         else:
             continue
         info = _analyse_stat(stat)
-        if info is None:
-            continue
+        if info is None or not _is_act(info["source"], act):
+            continue  # statistics of a parameter (weight standardisation) normalise no activation
         scale = node
         if name in ("std", "sqrt") or (name == "pow" and node.args[1] == 0.5):
             # eps added to the std/RMS after the root: x / (sqrt(var) + eps), x / (x.std() + eps)
             adds = [u for u in node.users if op_name(u) == "add" and scalar_operand(u) is not None]
             if adds:
                 scale, eps, how = adds[0], scalar_operand(adds[0]), "outside_sqrt"
-        by = "div" if name in ("sqrt", "std") else "mul"
-        if name == "pow" and node.args[1] == 0.5:
-            by = "div"
+        by = "div" if name in ("sqrt", "std") or (name == "pow" and node.args[1] == 0.5) else "mul"
         applied = _apply_node(scale, info["source"], by)
         if applied is None:
             continue
-        add_pattern(owner(node, modules), node, stat, applied, info["source"], info["dims"], info["centered"],
-                    info["variance"], eps, how)
+        if info.get("statistic") == "l2_norm" and not _norm_like(modules.get(owner(node, modules))) \
+                and not _learned_rescale(applied, act):
+            continue  # x / sqrt(sum(x^2)) outside a norm module and with no gain: a cosine similarity
+        other = next((a for a in applied.args[:2] if not _feeds_from(a, scale)), None)
+        form = _numerator_form(other, info["source"], act)
+        centered = info["centered"] if form in ("unknown", "gated") else form == "centred"
+        combined = _combined(scale, applied)
+        kind = "Other" if form == "gated" or combined else None
+        rec = add_pattern(owner(node, modules), node, stat, applied, info["source"], info["dims"], centered,
+                          info["variance"], eps, how, kind=kind)
+        if kind == "Other":
+            rec.hints["form"] = "gated" if form == "gated" else "combined"
+        if "statistic" in info:
+            rec.hints["statistic"] = info["statistic"]
+            rec.hints["sum_of_squares"] = True
+
+    # frozen BatchNorms whose buffer arithmetic symbolic tracing folded into constants
+    found_paths = {r.site.module for r in records}
+    for path, nodes in owned.items():
+        if path in found_paths:
+            continue
+        for mul, x in _folded_candidates(nodes, modules.get(path), act):
+            got = _retraced_frozen_batchnorm(modules[path], x)
+            if got is None or (shape(x) or (0, 0))[1:2] != (got[1],):
+                continue
+            eps, channels, gain = got
+            rec = add_pattern(path, mul, mul.args[1] if mul.args[0] is x else mul.args[0], mul, x,
+                              [d for d in range(len(shape(x))) if d != 1], True, "population", eps,
+                              "inside_sqrt" if eps is not None else "none", kind="BatchNorm")
+            rec.site.num_channels, rec.site.affine_weight = channels, gain or None
+            rec.site.training, rec.site.track_running_stats = False, True
+            rec.hints["statistic"] = "running_var"
+            break
 
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     records.sort(key=lambda r: min((order[n] for n in r.nodes), default=len(order)))
