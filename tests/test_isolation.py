@@ -274,12 +274,18 @@ def test_cuda_requests_stay_on_meta(tmp_path):
             m = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8)).cuda()
             m.register_buffer("mask", torch.ones(3, device="cuda"))
             return m.to("cuda", torch.float32)
+
+        def example_inputs():
+            return (torch.randn(2, 8).to(device="cuda"),)
     """)
     loaded = load_python_target(str(path))
     assert loaded.on_meta
     assert {t.device.type for t in list(loaded.model.parameters()) + list(loaded.model.buffers())} == {"meta"}
     assert loaded.notes == ["build_model() asked for an accelerator (.cuda(), device='cuda', .to('cuda')): the "
-                            "model was kept on the meta device for the audit, which captures on fake CPU tensors"]
+                            "model was kept on the meta device for the audit, which captures on fake CPU tensors",
+                            "example_inputs() asked for an accelerator (.to(device='cuda')): the inputs were kept "
+                            "on the CPU for the audit"]
+    assert loaded.inputs[0].device.type == "cpu"
 
 
 def test_lowered_recursion_limit_is_restored(tmp_path):

@@ -428,7 +428,12 @@ def build_from_module(module: ModuleType, fn: Callable[[], Any], factory: str, w
                          "returning a tuple or a dict of inputs", file=str(where))
     if ex is not None:
         phase("inputs")
-        inputs = _call(ex, where, "example_inputs() failed")
+        mode = BuildMode(meta=False)
+        inputs = _call(ex, where, "example_inputs() failed", mode)
+        if mode.accelerator_requests:
+            asked = ", ".join(dict.fromkeys(mode.accelerator_requests))
+            build.notes.append(f"example_inputs() asked for an accelerator ({asked}): the inputs were kept on the "
+                               "CPU for the audit")
         if isinstance(inputs, torch.Tensor):
             inputs = (inputs,)
         if isinstance(inputs, list):
