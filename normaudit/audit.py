@@ -133,8 +133,11 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
     # Capture works on its own copy of a real model: carry the construction lines over by module path.
     origins = dict(mua.origins)
     origins.update({id(cap.modules[n]): loc for n, loc in by_path.items() if n in cap.modules})
+    from normaudit.capture.parts import covers_all
+
+    method = "parts" if covers_all(cap) else cap.method
     options = {"dtype": opts.dtype, "batch_size": batch, "checkpoint": ckpt is not None,
-               "capture_method": cap.method, "train_error": cap.train_error,
+               "capture_method": method, "train_error": cap.train_error,
                "capture_error": next((a.error for a in cap.attempts if not a.ok), None), "probes": list(opts.probes),
                "config_origin": config_origin, "library_model": _library_config(mua.model)}
     ctx = FactContext(cap=cap, origins=origins, input_axes=declared, options=options,
@@ -152,11 +155,14 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
     findings = kept.findings
     findings.sort(key=lambda f: (-SEVERITY_RANK[f.severity], f.module, f.rule_id))
     facts.model.config_source = config_source
-    info = CaptureInfo(method=cap.method, complete=cap.complete, attempts=cap.attempts,
+    info = CaptureInfo(method=method, complete=cap.complete, attempts=cap.attempts,
                        num_nodes=len(cap.gm.graph.nodes) if cap.gm is not None else 0,
                        inputs=_describe_inputs(inputs), inputs_assumed=assumed, fake_tensors=True)
-    notes = list(facts.notes) + list(mua.notes) + kept.notes()
-    if not cap.complete:
+    from normaudit.capture.parts import coverage, coverage_note
+
+    info.parts, info.unaudited = coverage(cap, sites)
+    notes = list(facts.notes) + list(mua.notes) + kept.notes() + coverage_note(info.parts, info.unaudited, cap.complete)
+    if not cap.complete and not info.parts:
         notes.append("capture failed: sites come from walking named_modules(); placement, axes and formula facts "
                      "are unknown (report incomplete)")
     if cap.eval_fallback:
