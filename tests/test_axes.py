@@ -360,3 +360,26 @@ def test_layer_norm_over_shape_from_one_under_symbolic_trace(my_rules):
     r = audit_model(Net(), (torch.randint(0, 50, (2, 8)),), rules=my_rules)
     assert r.capture.method == "symbolic_trace"
     assert site(r, "").normalized_axes == ["sequence", "feature"] and flagged(r, "NL101") == [""]
+
+
+def test_in_place_write_into_a_buffer_keeps_the_source_layout_under_symbolic_trace():
+    """``final.index_add_(0, idx, out)`` then ``final.reshape(B, S, D)``: under symbolic tracing the reshape
+    reads the zeros buffer's node, which takes the in-place op's labels; the index tensor (as many entries as
+    features) never labels the feature dim."""
+
+    class Combine(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.norm = nn.Linear(16, 16), nn.LayerNorm(16)
+
+        def forward(self, x):
+            b, s, d = x.shape
+            h = x.reshape(-1, d)
+            idx = torch.arange(b * s).repeat_interleave(2) + 0 * h[:, :1].long().reshape(-1).repeat_interleave(2)
+            out = self.fc(h[idx])
+            final = torch.zeros((b * s, d))
+            final.index_add_(0, idx, out)
+            return self.norm(final.reshape(b, s, d))
+
+    got = _site_axes(Combine(), (torch.randn(2, 4, 16),), "symbolic_trace")
+    assert got == [("norm", ["unknown", "unknown", "feature"], ["feature"])]

@@ -380,3 +380,34 @@ def test_t5_float16_clamp_is_looked_through(placement_rules):
     assert not any("unnormed_stream_end" in r.site.extra for r in records)
     sites = [r.site for r in records]
     assert evaluate(list(placement_rules.values()), sites, facts, model_config(model) or {}, "config", {}) == []
+
+
+def test_library_base_model_without_final_norm_is_info(placement_rules):
+    """NP101 on a library's base model whose un-normalised stream is its output (the closing norm of the
+    architecture may live in the pooler, head or neck the library leaves out of AutoModel) is info, with a
+    note; the same stack feeding its own head, or a user's model, stays a warning."""
+    blocks = _load(FIXTURES / "placement_blocks.py")
+    PreLN, Stack = blocks.PreLN, blocks.Stack
+
+    class Base(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.layers = nn.Embedding(50, 16), nn.ModuleList(PreLN() for _ in range(2))
+
+        def forward(self, ids):
+            x = self.embed(ids)
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    ids = (torch.randint(0, 50, (2, 6)),)
+    for model, library, severity in ((Base(), True, "info"), (Base(), False, "warning"),
+                                     (Stack([PreLN(), PreLN()], final_norm=False), True, "warning")):
+        cap = capture_model(model, ids, on_meta=False)
+        records = discover_sites(cap)
+        facts = ModelFacts(class_name=type(model).__name__)
+        analyse(cap, records, facts)
+        found = evaluate([placement_rules["NP101"]], [r.site for r in records], facts, {}, "config",
+                         {"library_model": library})
+        assert [(f.module, f.severity) for f in found] == [("layers.1", severity)], (library, found)
+        assert ("the library leaves out of its base model" in found[0].message) == (severity == "info")

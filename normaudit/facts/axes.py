@@ -509,6 +509,9 @@ def _fallback(node: fx.Node, env: dict, params: Optional[set] = None) -> Optiona
     if out_shape is None:
         return _tensor_unknowns(val(node))
     ins = [n for n in tensor_inputs(node) if isinstance(env.get(n), list)]
+    floats = [n for n in ins if _floating(n)]
+    if floats and isinstance(val(node), torch.Tensor) and val(node).is_floating_point():
+        ins = floats  # integer/bool operands of a float result are indices or masks, not its layout
     out = _broadcast(out_shape, [env.get(n) for n in ins], [shape(n) for n in ins])
     if params and out and out_shape[-1] > 1 and _is_unknown(out[-1]) and op_name(node) in _ELEMENTWISE:
         from_param = any(n in params and shape(n) and shape(n)[-1] == out_shape[-1] for n in ins)
@@ -517,6 +520,38 @@ def _fallback(node: fx.Node, env: dict, params: Optional[set] = None) -> Optiona
         if from_param and expanded:
             out[-1] = _dim("feature", out_shape[-1])
     return out
+
+
+#: ops that write values into their first input at given indices (the output is that input, updated): the
+#: index tensors are positions, not data laid out like the output
+_WRITE_INTO = ("index_add", "index_copy", "index_fill", "index_put", "index_reduce", "scatter", "scatter_add",
+               "scatter_reduce", "masked_fill", "masked_scatter", "put", "slice_scatter", "select_scatter")
+
+
+def _write_into(node: fx.Node, ins: list, env: dict, out_shape: Sequence[int]) -> list[Dim]:
+    """Labels of ``self.index_add_(dim, index, source)`` and its kin: ``self``'s labels; where those are
+    unknown (a ``zeros`` buffer sized from the input, as in a mixture-of-experts combine), the labels of a
+    floating-point source of the same rank at the same dim and size, except the indexed dim (tokens routed
+    to an expert are not the buffer's rows in order). Integer/bool inputs (indices, masks) never label it."""
+    base = env.get(ins[0])
+    out = list(base) if isinstance(base, list) and len(base) == len(out_shape) else [_unk(s) for s in out_shape]
+    indexed = arg(node, 1, "dim", None)
+    indexed = indexed % len(out_shape) if isinstance(indexed, int) and out_shape else None
+    for src in ins[1:]:
+        labs, shp, v = env.get(src), shape(src), val(src)
+        if not isinstance(labs, list) or shp is None or len(shp) != len(out_shape):
+            continue
+        if isinstance(v, torch.Tensor) and not v.is_floating_point():
+            continue
+        for k, (d, size) in enumerate(zip(labs, shp)):
+            if k != indexed and _is_unknown(out[k]) and not _is_unknown(d) and int(size) == int(out_shape[k]):
+                out[k] = d
+    return [_resize(d, s) for d, s in zip(out, out_shape)]
+
+
+def _floating(node: fx.Node) -> bool:
+    v = val(node)
+    return not isinstance(v, torch.Tensor) or v.is_floating_point()
 
 
 def _raw_name(node: fx.Node) -> str:
@@ -649,6 +684,8 @@ def _transfer(node: fx.Node, cap: Capture, env: dict, params: Optional[set] = No
         last = vl[-1] if isinstance(vl, list) and vl else _dim("feature", out_shape[-1])
         if len(x) == len(out_shape):
             return _same(x[:-1], out_shape[:-1]) + [_resize(last, out_shape[-1])]
+    if raw.rstrip("_") in _WRITE_INTO and ins and out_shape is not None and tuple(in_shape or ()) == tuple(out_shape):
+        return _write_into(node, ins, env, out_shape)
     if x is None:
         return _fallback(node, env, params)
 
@@ -769,7 +806,20 @@ def label_dims(cap: Capture, declared_inputs: Optional[list[Label]] = None) -> d
         if isinstance(dims, list) and out_shape is not None and len(dims) != len(out_shape):
             dims = _unknowns(out_shape)
         env[node] = dims
+        _mutated(node, dims, env)
     return env
+
+
+def _mutated(node: fx.Node, dims: Any, env: dict) -> None:
+    """An in-place op (``final.index_add_(...)``, ``x.mul_(...)``) under symbolic tracing: later users read
+    the mutated tensor through its first argument's node, so that node takes the op's labels (export
+    graphs are functional: their users read the op's output)."""
+    raw = _raw_name(node)
+    if node.op == "placeholder" or not raw.endswith("_") or raw.startswith("_") or not isinstance(dims, list):
+        return
+    ins = tensor_inputs(node)
+    if ins and isinstance(env.get(ins[0]), list) and shape(ins[0]) == shape(node):
+        env[ins[0]] = [d if not _is_unknown(d) else old for d, old in zip(dims, env[ins[0]])]
 
 
 def _fallback_safe(node: fx.Node) -> Any:
