@@ -60,8 +60,9 @@ def _got(records):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_frozen_batchnorm_is_a_batchnorm_site(method):
-    records = _records(Conv(R.FrozenBatchNorm2d(8, eps=1e-3)), IMG, method)
+@pytest.mark.parametrize("cls", ["FrozenBatchNorm2d", "FrozenBatchNormAct2d"])
+def test_frozen_batchnorm_is_a_batchnorm_site(method, cls):
+    records = _records(Conv(getattr(R, cls)(8, eps=1e-3)), IMG, method)
     assert _got(records) == [("norm", "BatchNorm", 1e-3, ["batch", "height", "width"])]
     s = records[0].site
     assert (s.detected_by, s.num_channels, s.training, s.track_running_stats) == ("pattern", 8, False, True)

@@ -785,18 +785,24 @@ def _retraced_frozen_batchnorm(mod: nn.Module, x: fx.Node) -> Optional[tuple[Opt
 
 
 def _folded_candidates(nodes: list[fx.Node], mod: Optional[nn.Module], act: Optional[set]):
-    """In a childless module holding 1-D floating buffers, the ``x * constant`` multiplies (symbolic tracing's
-    folded buffer arithmetic) with their activation operand: [(mul, x)]."""
-    if act is None or mod is None or any(True for _ in mod.children()):
+    """In a module holding per-channel statistics as buffers (at least two floating 1-D buffers of one length
+    C, as running_mean/running_var; children, if any, without parameters or buffers: timm's
+    ``FrozenBatchNormAct2d`` holds its activation), the ``x * constant`` multiplies (symbolic tracing's folded
+    buffer arithmetic) with an activation of C channels: [(mul, x)]."""
+    if act is None or mod is None:
         return []
-    if not any(b.is_floating_point() and b.dim() == 1 for b in mod.buffers(recurse=False)):
+    if any(True for c in mod.children() for _ in list(c.parameters()) + list(c.buffers())):
+        return []
+    sizes = [b.shape[0] for b in mod.buffers(recurse=False) if b.is_floating_point() and b.dim() == 1]
+    if len(sizes) < 2 or len(set(sizes)) != 1:
         return []
     out = []
     for n in nodes:
         if op_name(n) == "mul" and len(n.args) > 1:
             a, b = n.args[0], n.args[1]
             for x, c in ((a, b), (b, a)):
-                if _is_act(x, act) and isinstance(c, fx.Node) and c.op == "get_attr" and c not in act:
+                if (_is_act(x, act) and isinstance(c, fx.Node) and c.op == "get_attr" and c not in act
+                        and (shape(x) or (0, 0))[1:2] == (sizes[0],)):
                     out.append((n, x))
     return out
 
@@ -824,10 +830,6 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
         site.definition = origins.get(id(mod)) if mod is not None else None
         # Where a fix goes: the constructor line of a norm module, the call line of a functional norm.
         site.source = (site.call or site.definition) if by == "functional" else (site.definition or site.call)
-        # What computes it: the call of a functional norm; for a hand-written one the statistic's line
-        # (add_pattern); nothing for a torch.nn module (torch computes it).
-        site.computation = None if by == "module" else _location(node)
-        site.class_module = type(mod).__module__ if mod is not None else None
         return rec
 
     # 1 + 2: built-in modules and functional calls
@@ -885,8 +887,6 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
         rec = new(path, kind or ("LayerNorm" if centered else "RMSNorm"), "pattern", node, None)
         rec.input = strip_neutral(src)
         rec.stat = stat
-        rec.site.computation = _location(stat) or rec.site.computation
-        rec.site.extra["inline"] = not _norm_like(rec.module_obj)
         out, chain = _extend_affine(applied, path, modules)
         rec.output = out
         rec.nodes |= {node, stat, applied, *chain}
