@@ -152,6 +152,10 @@ def _child(conn: Any, work: Callable[[], Any], target: str) -> None:
     with contextlib.suppress(OSError, ValueError):
         conn.send(message)
         conn.close()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(0)  # now: threads the model's code left running must not keep the worker alive
 
 
 class Job:
@@ -191,6 +195,7 @@ class Job:
         finally:
             self.conn.close()
         self.process.join(5)
+        self.kill()
         if message is None:
             raise self._died()
         kind = message[0]

@@ -97,6 +97,19 @@ def test_worker_exceptions_travel_back():
     assert (info.value.kind, info.value.text) == ("ValueError", "boom")
 
 
+def _leaves_a_thread_running():
+    import threading
+
+    threading.Thread(target=time.sleep, args=(3600,), daemon=False).start()
+    return Result(value=2)
+
+
+def test_worker_ends_despite_threads_left_running():
+    started = time.monotonic()
+    assert _isolated(_leaves_a_thread_running) == Result(value=2)
+    assert time.monotonic() - started < 30
+
+
 def _noisy():
     print("python print")
     os.write(1, b"fd1 write\n")
