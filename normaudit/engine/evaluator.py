@@ -13,7 +13,10 @@ Names a rule expression can read:
 """
 from __future__ import annotations
 
+import _string  # the field-name parser str.format and string.Formatter use
 import math
+import string
+import types
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
@@ -82,8 +85,89 @@ def _evaluator(names: dict[str, Any]) -> EvalWithCompoundTypes:
     return ev
 
 
+#: names every rule's message and fix templates may use besides the rule's own ``let`` names
+TEMPLATE_NAMES = ("site", "model", "sites", "config", "config_source", "options", "params")
+_NO_ATTRIBUTES = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+                  types.CodeType, types.FrameType, types.TracebackType, types.GeneratorType)
+
+
+class TemplateError(ValueError):
+    """A message/fix template field that reaches outside the rule's own namespace."""
+
+
+def _template_step(obj: Any, is_attr: bool, key: Any, field: str) -> Any:
+    """One ``.attr`` or ``[key]`` of a template field, refusing what could walk out of the facts: a name
+    starting with ``_`` (``__class__``, ``__globals__``), or any attribute of a module, class, function or
+    other callable (``{config.get}`` is still shown, ``{config.get.x}`` is not)."""
+    if isinstance(key, str) and key.startswith("_"):
+        raise TemplateError(f"{{{field}}}: names starting with '_' are not available in templates")
+    if not is_attr:
+        return obj[key]
+    if isinstance(obj, _NO_ATTRIBUTES) or callable(obj):
+        raise TemplateError(f"{{{field}}}: no attributes of {type(obj).__name__} objects in templates")
+    return getattr(obj, key)
+
+
+class TemplateFormatter(string.Formatter):
+    """``str.format`` for rule templates, reaching only the rule's own namespace.
+
+    A field is a name of the namespace given as keyword arguments, then ``.attr``/``[key]`` steps checked by
+    :func:`_template_step`: so a user's rule file cannot print ``os.environ`` through
+    ``{site.__class__.__init__.__globals__}``. Positional fields (``{0}``, ``{}``) are refused. Raises
+    TemplateError (a ValueError) for a refused field, KeyError for an unknown name.
+    """
+
+    def get_field(self, field_name: str, args: Any, kwargs: Any) -> tuple[Any, Any]:  # noqa: D102
+        first, rest = _string.formatter_field_name_split(field_name)
+        if not isinstance(first, str) or not first:
+            raise TemplateError(f"{{{field_name}}}: positional fields are not available in templates; name a value")
+        if first.startswith("_"):
+            raise TemplateError(f"{{{field_name}}}: names starting with '_' are not available in templates")
+        obj = kwargs[first]
+        for is_attr, key in rest:
+            obj = _template_step(obj, is_attr, key, field_name)
+        return obj, first
+
+
+_FORMATTER = TemplateFormatter()
+
+
+def template_fields(template: str) -> list[str]:
+    """Every field name of a format template, nested ones in format specs included (``{a:{b}}``: a, b).
+    Raises ValueError for a malformed template (an unmatched brace)."""
+    out: list[str] = []
+    for _, field, spec, _ in _FORMATTER.parse(template):
+        if field is not None:
+            out.append(field)
+        if spec:
+            out.extend(template_fields(spec))
+    return out
+
+
+def check_template(template: str, names: Iterable[str]) -> Optional[str]:
+    """Why ``template`` is refused (None when it is fine): a malformed template, a positional field, a
+    field whose first name is not in ``names`` (the rule's namespace), or a step through a name starting
+    with ``_``."""
+    allowed = set(names)
+    try:
+        fields = template_fields(template)
+        for field in fields:
+            first, rest = _string.formatter_field_name_split(field)
+            if not isinstance(first, str) or not first:
+                return f"{{{field}}}: positional fields are not available in templates; name a value"
+            if first not in allowed:
+                return f"{{{field}}}: unknown name {first!r} (templates read {', '.join(sorted(allowed))})"
+            for _, key in [(False, first), *rest]:
+                if isinstance(key, str) and key.startswith("_"):
+                    return f"{{{field}}}: names starting with '_' are not available in templates"
+    except ValueError as err:
+        return f"malformed template: {err}"
+    return None
+
+
 def compile_rule(rule: Rule, file: str = "") -> CompiledRule:
-    """Parse every expression of ``rule`` once. Raises UsageError naming the file and the bad expression."""
+    """Parse every expression of ``rule`` once and check its ``message``/``fix`` templates
+    (:func:`check_template`). Raises UsageError naming the file and the bad expression or field."""
     ev = _evaluator({})
     parsed: dict[str, Any] = {}
     exprs = {f"let.{k}": v for k, v in rule.let.items()}
@@ -96,6 +180,10 @@ def compile_rule(rule: Rule, file: str = "") -> CompiledRule:
             parsed[key] = ev.parse(expr)
         except SyntaxError as err:
             raise UsageError(f"rule {rule.id} field '{key}': invalid expression: {err.msg}", file=file or None) from err
+    for key in ("message", "fix"):
+        refused = check_template(getattr(rule, key), (*TEMPLATE_NAMES, *rule.let))
+        if refused:
+            raise UsageError(f"rule {rule.id} field '{key}': template refused: {refused}", file=file or None)
     compiled = CompiledRule(rule=rule, parsed=parsed)
     _COMPILED[id(rule)] = compiled
     return compiled
@@ -137,7 +225,8 @@ def _run(compiled: CompiledRule, names: dict[str, Any]) -> Optional[tuple[str, d
 
 
 def _format(template: str, names: dict[str, Any]) -> str:
-    return template.format(**names).strip()
+    """Fill a rule's message or fix template from its namespace (:class:`TemplateFormatter`)."""
+    return _FORMATTER.vformat(template, (), names).strip()
 
 
 def evaluate(rules: Iterable[Rule], sites: list[Site], model: ModelFacts, config: dict[str, Any],
@@ -167,8 +256,6 @@ def evaluate(rules: Iterable[Rule], sites: list[Site], model: ModelFacts, config
                 where = site.module if site is not None else "model"
                 raise RuleError(f"rule {rule.id} failed on {where or '<root>'}: {type(exc).__name__}: {exc}") from exc
             source = site.source if site is not None else None
-            if site is not None and rule.locate == "computation":
-                source = site.computation or site.source
             if site is None and module:
                 match = next((s for s in sites if s.module == module), None)
                 source = match.source if match else None

@@ -3,6 +3,7 @@ training config. Parse errors are :class:`UsageError` with the file and line."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Optional
@@ -13,26 +14,27 @@ from normaudit.errors import UsageError
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
-    """Read a JSON or YAML mapping. Raises UsageError for a missing file, bad syntax or a non-mapping."""
+    """Read a JSON or YAML mapping (``.json``: JSON, anything else: YAML), as untrusted input.
+
+    Only a regular file of at most 64 MiB is read (a FIFO or device is refused before opening); nesting is
+    bounded (100 levels), YAML builds plain data only (no ``!!python`` tags) and its aliases may expand to
+    at most a million nodes (:mod:`normaudit.target.safe_read`); transformers 5's ``{"__float__":
+    "Infinity"}`` reads as the float. Raises UsageError naming the file (and line) for any of these, bad
+    syntax, or a document that is not a mapping.
+    """
+    from normaudit.target.safe_read import loads_json, loads_yaml, read_regular
+
     p = Path(path)
-    if not p.is_file():
+    if not os.path.lexists(p):
         raise UsageError("config file not found", file=str(p))
-    text = p.read_text(encoding="utf-8", errors="replace")
+    raw = read_regular(p, "config")
     if p.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise UsageError(f"invalid JSON: {err.msg}", file=str(p), line=err.lineno) from err
+        data = loads_json(raw, "config", str(p))
     else:
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            line = mark.line + 1 if mark is not None else None
-            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-            raise UsageError(f"invalid YAML: {problem}", file=str(p), line=line) from err
+        data = loads_yaml(raw.decode("utf-8", errors="replace"), "config", str(p))
     if not isinstance(data, dict):
-        raise UsageError(f"config must be a mapping, got {type(data).__name__}", file=str(p))
+        found = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise UsageError(f"config must be a mapping (key: value), found {found}", file=str(p))
     return _numbers(data)
 
 
