@@ -19,6 +19,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from summary import NOT_A_NORM
+
 BATCH = 2
 SEQ = 16
 _TORCH_NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm,
@@ -27,13 +29,16 @@ _NORM_NAME = re.compile(r"Norm")
 
 
 def _is_norm_class(module: nn.Module) -> bool:
-    return isinstance(module, _TORCH_NORMS) or bool(_NORM_NAME.search(type(module).__name__))
+    name = type(module).__name__
+    return isinstance(module, _TORCH_NORMS) or bool(_NORM_NAME.search(name) and not NOT_A_NORM.search(name))
 
 
 def is_norm_module(module: nn.Module) -> bool:
     """True for a torch.nn norm, or a module whose class name says ``Norm`` and holds no norm inside it.
 
-    The second condition leaves out wrappers such as ``PreNorm(fn)`` whose own child is the norm.
+    The second condition leaves out wrappers such as ``PreNorm(fn)`` whose own child is the norm; names
+    that say Norm about something else (``NormFreeBlock``, ``ConvNormAct`` without a norm, heads, MLPs:
+    :data:`summary.NOT_A_NORM`) are no norm either.
     """
     if not _is_norm_class(module):
         return False

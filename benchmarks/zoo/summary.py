@@ -4,23 +4,43 @@ Definitions used by both:
 - captured: normaudit exited 0 or 1 and its capture method is a graph (not ``none``/``module_walk``);
 - clean: audited (exit 0/1) with no finding at warning or error;
 - recall of one model: of the norm modules a real forward called (:mod:`forward`), the fraction that
-  are a site's module in the report; ``full recall`` is that fraction being 1.
+  are the module of a site found in a captured graph (``module_walk`` sites, found by walking modules
+  without a graph, do not count: they carry no axes, placement or formula facts); ``full recall`` is
+  that fraction being 1. ``recall_any`` counts every site.
 """
 from __future__ import annotations
 
 import csv
+import re
 import statistics
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+#: Class names that say "Norm" about something that is not a norm module (timm ``NormFreeBlock``,
+#: ``ConvNormAct`` with ``norm_layer=None``, ``NormMlpClassifierHead``); applied to the ground truth of
+#: results written before this filter existed too.
+NOT_A_NORM = re.compile(r"Block|Conv|Free|Stage|Head|Attention|Attn|Mlp|MLP|Embed|Model|Encoder|Decoder|Layer$")
+
 COLUMNS = ("corpus", "type", "model", "shrink", "exit", "capture", "complete", "sites", "fwd_norms",
            "norm_modules", "recall", "missing", "findings", "audit_s", "total_s", "cpu_s", "fwd_inputs", "error")
 
 
+def _drop_non_norms(r: dict[str, Any]) -> dict[str, Any]:
+    """``r`` without ground-truth modules whose class name :data:`NOT_A_NORM` rules out."""
+    norms = r.get("norm_modules") or {}
+    bad = {path for path, cls in norms.items() if "Norm" in cls and NOT_A_NORM.search(cls)}
+    if not bad:
+        return r
+    r = dict(r, norm_modules={p: c for p, c in norms.items() if p not in bad})
+    if r.get("fwd_norms") is not None:
+        r["fwd_norms"] = [p for p in r["fwd_norms"] if p not in bad]
+    return r
+
+
 def latest(results: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """One result per ``(corpus, name)``, the last one written (a rerun into the same folder wins)."""
-    by_key = {(r["corpus"], r["name"]): r for r in results}
+    by_key = {(r["corpus"], r["name"]): _drop_non_norms(r) for r in results}
     return sorted(by_key.values(), key=lambda r: (r["corpus"], r["name"]))
 
 
@@ -32,20 +52,21 @@ def captured(r: dict[str, Any]) -> bool:
     return audited(r) and r.get("capture") not in (None, "none", "module_walk")
 
 
-def recall(r: dict[str, Any]) -> Optional[float]:
-    """Fraction of forward-called norm modules that are reported as sites; None where not measured."""
+def recall(r: dict[str, Any], key: str = "graph_site_modules") -> Optional[float]:
+    """Fraction of forward-called norm modules that are graph sites (``key="site_modules"``: any site);
+    None where not measured."""
     called = r.get("fwd_norms")
     if not audited(r) or called is None:
         return None
     if not called:
         return 1.0
-    sites = set(r.get("site_modules") or [])
+    sites = set(r.get(key) or [])
     return sum(1 for m in called if m in sites) / len(called)
 
 
 def missing(r: dict[str, Any]) -> list[str]:
-    """Forward-called norm modules with no site in the report."""
-    sites = set(r.get("site_modules") or [])
+    """Forward-called norm modules with no graph site in the report."""
+    sites = set(r.get("graph_site_modules") or [])
     return [m for m in r.get("fwd_norms") or [] if m not in sites]
 
 
@@ -78,6 +99,7 @@ def corpus_lines(rs: list[dict[str, Any]], corpus: str) -> list[str]:
     aud = [r for r in built if audited(r)]
     exits = Counter(str(r.get("exit")) for r in built)
     recs = [x for x in (recall(r) for r in aud) if x is not None]
+    recs_any = [x for x in (recall(r, "site_modules") for r in aud) if x is not None]
     times = [r["audit_s"] for r in aud if "audit_s" in r]
     cpu = [r["cpu_s"] for r in rs if r.get("cpu_s") is not None]
     timeouts = [r["name"] for r in rs if r.get("exit") == "timeout"]
@@ -95,7 +117,11 @@ def corpus_lines(rs: list[dict[str, Any]], corpus: str) -> list[str]:
              f"{_pct(len(non_capture), len(aud))}",
              f"- recall measured (a real forward ran): {len(recs)}; full recall (every called norm is a "
              f"site): {_pct(sum(1 for x in recs if x == 1.0), len(recs))}; mean recall "
-             f"{statistics.mean(recs) if recs else 0:.3f}",
+             f"{statistics.mean(recs) if recs else 0:.3f} (graph sites; counting module-walk sites too: "
+             f"full {_pct(sum(1 for x in recs_any if x == 1.0), len(recs_any))})",
+             f"- norm modules never called by the forward (not audited by any graph): "
+             f"{sum(len(r.get('norm_modules') or {}) - len(r['fwd_norms']) for r in aud if r.get('fwd_norms') is not None)}"
+             f" in {sum(1 for r in aud if r.get('fwd_norms') is not None and len(r['fwd_norms']) < len(r.get('norm_modules') or {}))} models",
              f"- audit time per model: median {statistics.median(times) if times else 0:.1f} s, "
              f"max {max(times) if times else 0:.1f} s (wall, on a shared machine); CPU per target (build, "
              f"audit, forward): median {statistics.median(cpu) if cpu else 0:.1f} s, total "
