@@ -24,7 +24,7 @@ from normaudit.facts.axes import parse_input_axes
 from normaudit.report import (SEVERITY_RANK, CaptureInfo, Finding, ModelFacts, Report, SourceLocation, Summary,
                               TargetInfo)
 from normaudit.suppress import filter_findings
-from normaudit.target.config import load_config, model_config
+from normaudit.target.config import is_library, load_config, model_configs
 from normaudit.target import ModelUnderAudit, load_model
 from normaudit.target.inputs import infer_inputs
 from normaudit.worker import phase
@@ -99,14 +99,15 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
             inputs, assumed = infer_inputs(mua.model)
         except ValueError as err:
             raise UsageError(str(err), file=opts.target) from err
-    own_config = model_config(mua.model)
+    own = model_configs(mua.model)
+    own_config = dict(own[0].data) if own else None
     config: dict[str, Any] = {}
     config_source = config_origin = None
     if own_config:
         # A config owned by a library (transformers' PretrainedConfig) comes with code that may keep another
         # eps on purpose; a plain dict/dataclass on a user's model is the user's own statement of intent.
-        config, config_source = dict(own_config), "the model's own config"
-        config_origin = "library" if _library_config(mua.model) else "model"
+        config, config_source = dict(own_config), own[0].source
+        config_origin = "library" if own[0].library else "model"
     if opts.config:
         config, config_source, config_origin = load_config(opts.config), Path(opts.config).name, "cli"
     if opts.config_data is not None:
@@ -115,7 +116,7 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
     if ckpt_config is not None and config_origin != "cli":
         config, config_source, config_origin = dict(ckpt_config.data), ckpt_config.source, ckpt_config.origin
     config_sources = [s for s in (ConfigSource("cli", config_source, config) if config_origin == "cli" else None,
-                                  ckpt_config, own_config_source(mua.model, own_config)) if s is not None]
+                                  ckpt_config) if s is not None] + own_config_sources(own)
     declared = parse_input_axes(opts.input_axes, inputs) if opts.input_axes else None
     batch = opts.batch_size
     if batch is None:
@@ -221,15 +222,16 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 
 def _library_config(model: Any) -> bool:
-    """True when the model's ``config`` is a library's own (transformers ``PretrainedConfig``)."""
-    return type(getattr(model, "config", None)).__module__.split(".")[0] == "transformers"
+    """True when the model is a library's: its class or its ``config`` comes from a library
+    (:func:`normaudit.target.config.is_library`: transformers, diffusers, timm, anything installed)."""
+    cfg = getattr(model, "config", None)
+    return is_library(type(model)) or (cfg is not None and is_library(type(cfg)))
 
 
-def own_config_source(model: Any, own_config: Optional[dict]) -> Optional[ConfigSource]:
-    """The model's own ``config`` attribute as a config source (origin ``library`` for transformers)."""
-    if not own_config:
-        return None
-    return ConfigSource("library" if _library_config(model) else "model", "the model's own config", dict(own_config))
+def own_config_sources(own: list) -> list[ConfigSource]:
+    """The configs the model keeps (:func:`normaudit.target.config.model_configs`) as config sources, each
+    scoped to the submodule keeping it (origin ``library`` for a library's config)."""
+    return [ConfigSource("library" if c.library else "model", c.source, dict(c.data), scope=c.path) for c in own]
 
 
 def checkpoint_config_source(ckpt: Any, mua: ModelUnderAudit, own_config: Optional[dict]) -> Optional[ConfigSource]:

@@ -146,6 +146,8 @@ class ConfigEps(_Model):
     key: str
     value: float
     matches: bool
+    #: the site's constructor call passes this very key as eps (``eps=config.rms_norm_eps``, read from its source)
+    passed: bool = False
 
 
 class EpsFacts(_Model):
@@ -153,7 +155,8 @@ class EpsFacts(_Model):
 
     ``effective``: the eps the site adds (``site.eps``; for ``nn.RMSNorm(eps=None)`` ``torch.finfo`` of its
     input dtype, as PyTorch substitutes); ``missing``: a hand-written norm that adds no eps at all. ``declared``: what each
-    configuration says. ``peers``: sites of the same class and kind with a known eps (this one included);
+    configuration says. ``peers``: sites of the same role (class, kind and constructor line, or attribute name
+    in modules of one class) with a known eps (this one included);
     ``peer_eps``: the eps a strict majority of them use (None without one) and ``peer_count`` how many.
     ``dtype``: the dtype eps is added in (``dtype_basis`` says how that was found); ``in_dtype``: eps as that
     dtype stores it (0.0 when it underflows, IEEE 754 round-to-nearest).
@@ -168,6 +171,13 @@ class EpsFacts(_Model):
     dtype: Optional[str] = None
     dtype_basis: Optional[str] = None
     in_dtype: Optional[float] = None
+    #: the eps argument of the site's constructor call when it reads a config key (``config.rms_norm_eps``)
+    constructor_eps: Optional[str] = None
+    #: constructed with that config key, yet the eps held differs from every value the model's own configs give
+    #: it: the eps was changed after construction
+    changed: bool = False
+    #: what makes sites peers (``constructed at FILE:LINE``, ``attribute input_layernorm of DecoderLayer``)
+    role: Optional[str] = None
 
 
 class Site(_Model):

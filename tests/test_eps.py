@@ -30,6 +30,8 @@ load_fixture = load_fixture_module
 def audit_fixture(path: Path, rules, tmp_path: Path):
     """Audit a fixture with the options its EXPECT names; returns (report, EXPECT)."""
     module = load_fixture(path)
+    for name in getattr(module, "REQUIRES", []):
+        pytest.importorskip(name)
     expect = module.EXPECT
     kwargs = {"dtype": expect.get("dtype", "float32")}
     if "config" in expect:
@@ -50,6 +52,8 @@ def check_fixture(report, expect, category: str):
         assert module not in got
     for text in expect.get("message_has", []):
         assert any(text in f.message for f in got.values()), (text, [f.message for f in got.values()])
+    for text in expect.get("fix_has", []):
+        assert any(text in (f.fix or "") for f in got.values()), (text, [f.fix for f in got.values()])
     for other in expect.get("also_silent", []):
         assert not [f for f in report.findings if f.rule_id == other], other
     for f in got.values():
@@ -82,17 +86,26 @@ def test_every_config_source_is_reported_with_its_origin(eps_rules, tmp_path):
         ("cli", "NE101_3.json", "rms_norm_eps", 1e-6, True),
         ("checkpoint", "weights.safetensors:__metadata__.config (with the checkpoint)", "rms_norm_eps", 1e-5, False),
     ]
-    assert (facts.effective, facts.dtype, facts.peers, facts.peer_eps, facts.peer_count) == (1e-6, "float32", 3, 1e-6, 3)
+    # three norms of three roles (Block.ln1, Block.ln2, the final norm): no peers
+    assert (facts.effective, facts.dtype, facts.peers, facts.peer_eps, facts.peer_count) == (1e-6, "float32", 1, 1e-6, 1)
     # --config wins for the rules' `config` name; the checkpoint's config is still compared
     assert report.model.config_source == "NE101_3.json"
 
 
-def test_peers_group_by_class_and_need_a_majority(eps_rules, tmp_path):
+def test_peers_group_by_role_and_need_a_majority(eps_rules, tmp_path):
+    """Peers: one class and kind, and one constructor line or one attribute of modules of one class."""
     report, _ = audit_fixture(FIXTURES / "NE102_2.py", eps_rules, tmp_path)
     stem = site(report, "stem_norm").eps_facts
-    assert (stem.peers, stem.peer_eps, stem.peer_count) == (3, 1e-6, 3)
+    assert (stem.peers, stem.peer_eps, stem.peer_count) == (1, 1e-6, 1)
+    block = site(report, "blocks.1.1").eps_facts       # both built by one statement (the ModuleList line)
+    assert (block.peers, block.peer_eps, block.peer_count) == (2, 1e-6, 2)
+    assert block.role == f"constructed at NE102_2.py:{site(report, 'blocks.0.1').definition.line}"
     final = site(report, "layernorm").eps_facts
     assert (final.peers, final.peer_eps) == (1, 1e-12)
+    report, _ = audit_fixture(FIXTURES / "NE102_1.py", eps_rules, tmp_path)
+    last, first = site(report, "layers.3.ln1").eps_facts, site(report, "layers.0.ln1").eps_facts
+    assert (last.peers, last.peer_eps, last.peer_count, first.peer_eps) == (4, 1e-6, 3, 1e-6)
+    assert site(report, "norm").eps_facts.peers == 1
 
 
 def test_eps_dtype_sources():

@@ -6,13 +6,20 @@ other sites of its class use, and what is left of it in the dtype it is added in
   ``torch.finfo(input dtype).eps`` PyTorch substitutes (its docs). ``missing``: a hand-written norm whose
   statistic reaches ``sqrt``/``rsqrt`` with nothing added (a constant row divides 0 by 0).
 - ``declared``: one :class:`ConfigEps` per configuration that names an eps key for the site's kind
-  (:data:`EPS_KEYS`, first key found, nested dicts searched), each with its ``origin`` (``cli``: ``--config``;
-  ``checkpoint``: the config that came with the weights; ``model``: the model's own ``config`` attribute;
-  ``library``: a transformers ``PretrainedConfig``, whose code may keep another eps on purpose) and
-  ``source``.
-- ``peers``/``peer_eps``/``peer_count``: sites grouped by class name *and* kind, so one class's sites are
-  compared with each other only (transformers' ConvNeXt hard-codes 1e-6 in its ``ConvNextLayerNorm`` block
-  norms while its final ``nn.LayerNorm`` takes ``layer_norm_eps``: two classes, no disagreement).
+  (:data:`EPS_KEYS`, first key found, nested dicts searched; a bare ``eps``/``epsilon`` at the top level
+  only, :data:`GENERIC_EPS_KEYS`), each with its ``origin`` (``cli``: ``--config``; ``checkpoint``: the config
+  that came with the weights; ``model``: a config the model keeps itself, wherever it keeps it
+  (:func:`normaudit.target.config.model_configs`: ``self.config``, ``self.args``, ``self.params``, ... on
+  the root or on the submodule holding the norm, the deepest one counting); ``library``: a library's config
+  (transformers, diffusers, timm), whose code may keep another eps on purpose) and ``source``.
+- ``constructor_eps``/``changed``: the config key the norm's constructor call passes as eps, read from its
+  source (:mod:`normaudit.facts.constructor`), and whether the eps it holds differs from every value the
+  model's own configs give that key: then it was changed after construction, whatever the config's origin.
+- ``peers``/``peer_eps``/``peer_count``/``role``: sites grouped by role (:func:`assign_peers`): one class and
+  kind, and one constructor line or one attribute name in modules of one class. Libraries give one class
+  different eps in different roles on purpose (qk-norms vs block norms, attention GroupNorm vs resnet
+  GroupNorm, head vs backbone BatchNorm; transformers' ConvNeXt hard-codes 1e-6 in its ``ConvNextLayerNorm``
+  block norms while its final ``nn.LayerNorm`` takes ``layer_norm_eps``).
 - ``dtype``: the dtype eps is added in. ``site.formula.eps_dtype`` when the formula pass found it; else a
   fused kernel (``nn.LayerNorm``, ``F.layer_norm``, ``nn.RMSNorm``, batch/group/instance norm) takes eps as a
   double and adds it in its float32 accumulator for half input; else the dtype of the ``+ eps`` node in the
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -39,9 +47,11 @@ from torch import fx
 
 from normaudit.capture.ir import dtype as node_dtype
 from normaudit.capture.ir import op_name, scalar_operand, strip_neutral
+from normaudit.facts.constructor import constructor_eps
 from normaudit.report import ConfigEps, EpsFacts, Site
 
-__all__ = ["EPS_KEYS", "ConfigSource", "find_eps_key", "eps_dtype_of", "rounded", "analyse"]
+__all__ = ["EPS_KEYS", "GENERIC_EPS_KEYS", "ConfigSource", "find_eps_key", "find_generic_eps", "all_values",
+           "eps_dtype_of", "rounded", "declared_eps", "assign_peers", "analyse"]
 
 #: Configuration keys declaring the eps of each kind of norm, most specific first.
 EPS_KEYS: dict[str, tuple[str, ...]] = {
@@ -51,6 +61,9 @@ EPS_KEYS: dict[str, tuple[str, ...]] = {
     "GroupNorm": ("group_norm_eps", "group_norm_epsilon", "gn_eps"),
     "BatchNorm": ("batch_norm_eps", "batch_norm_epsilon", "bn_eps"),
 }
+#: keys naming the eps of "the norms" of a model without saying which kind; read at the top level only
+GENERIC_EPS_KEYS = ("eps", "epsilon")
+_GENERIC_KINDS = ("LayerNorm", "RMSNorm")
 _FLOAT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
                  "float64": torch.float64}
 _REL_TOL = 1e-6
@@ -64,6 +77,9 @@ class ConfigSource:
     origin: str
     source: str
     data: Mapping[str, Any]
+    #: the model's own configs only: the submodule path keeping it (``""`` the root); None for --config and
+    #: checkpoint configs, which apply to the whole model
+    scope: Optional[str] = None
 
 
 def find_eps_key(data: Any, keys: tuple[str, ...]) -> Optional[tuple[str, float]]:
@@ -80,6 +96,30 @@ def find_eps_key(data: Any, keys: tuple[str, ...]) -> Optional[tuple[str, float]
             if found is not None:
                 return found
     return None
+
+
+def find_generic_eps(data: Any) -> Optional[tuple[str, float]]:
+    """A bare ``eps``/``epsilon`` key at the top level of ``data`` only (nested ones belong to optimisers)."""
+    if isinstance(data, Mapping):
+        for key in GENERIC_EPS_KEYS:
+            value = data.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return key, float(value)
+    return None
+
+
+def all_values(data: Any, key: Optional[str], depth: int = 0) -> list[float]:
+    """Every numeric value of ``key`` in ``data`` and its nested mappings."""
+    if not key or not isinstance(data, Mapping) or depth > 6:
+        return []
+    out = []
+    value = data.get(key)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        out.append(float(value))
+    for sub in data.values():
+        if isinstance(sub, Mapping):
+            out += all_values(sub, key, depth + 1)
+    return out
 
 
 def rounded(value: float, dtype: str) -> Optional[float]:
@@ -146,43 +186,155 @@ def _eps_missing(site: Site, hints: dict) -> bool:
     return hints.get("how_eps") == "none"
 
 
+def _sources(ctx: Any) -> list[ConfigSource]:
+    sources: list[ConfigSource] = list(getattr(ctx, "config_sources", None) or [])
+    if not sources and getattr(ctx, "config", None):
+        origin = (getattr(ctx, "options", None) or {}).get("config_origin") or "model"
+        sources = [ConfigSource(origin, ctx.config_source or "the config", ctx.config)]
+    return sources
+
+
+def _in_scope(src: ConfigSource, module: str) -> bool:
+    return not src.scope or module == src.scope or module.startswith(src.scope + ".")
+
+
+def _parent(modules: Mapping[str, Any], path: str) -> tuple[Any, Optional[str]]:
+    """(the module holding ``path``, its attribute name there)."""
+    if not path:
+        return None, None
+    head, _, attr = path.rpartition(".")
+    return modules.get(head), attr
+
+
+def _passed_key(rec: Any, modules: Mapping[str, Any]) -> Optional[tuple[str, str]]:
+    """(key, text) of the config key the site's constructor passes as eps (module and pattern sites only)."""
+    site: Site = rec.site
+    module = modules.get(site.module) if site.module else None
+    if module is None or site.detected_by not in ("module", "pattern", "module_walk"):
+        return None
+    parent, attr = _parent(modules, site.module)
+    return constructor_eps(site.definition, module, parent, attr)
+
+
+def declared_eps(site: Site, effective: Optional[float], sources: list[ConfigSource],
+                 passed: Optional[str]) -> tuple[list[ConfigEps], bool]:
+    """What each configuration declares for ``site`` and whether its eps was changed after construction.
+
+    ``--config`` and checkpoint configs apply to every site; of the model's own configs (``scope``: the
+    submodule keeping it) only the deepest one holding the site that declares a key counts. ``passed`` (the
+    key the constructor passes) is looked up first. ``changed``: the constructor passes a key the model's own
+    configs in scope hold, and the eps differs from every value they give it (so it was altered after
+    construction, whatever the configs' origin).
+    """
+    keys = EPS_KEYS.get(site.kind, ())
+    keys = ((passed,) + keys) if passed else keys
+    out: list[ConfigEps] = []
+    own = sorted((s for s in sources if s.scope is not None and s.origin in ("model", "library")
+                  and _in_scope(s, site.module)), key=lambda s: -len(s.scope or ""))
+    shared = [s for s in sources if s.scope is None]
+    own_taken = False
+    for src in shared + own:
+        is_own = src.scope is not None
+        if is_own and own_taken:
+            continue
+        found = find_eps_key(src.data, keys) or (find_generic_eps(src.data) if site.kind in _GENERIC_KINDS else None)
+        if found is None:
+            continue
+        key, value = found
+        own_taken = own_taken or is_own
+        out.append(ConfigEps(origin=src.origin, source=src.source, key=key, value=value,
+                             matches=_close(effective, value), passed=bool(passed) and key == passed))
+    held = [v for s in own for v in all_values(s.data, passed)] if passed else []
+    changed = bool(held) and effective is not None and not any(_close(effective, v) for v in held)
+    return out, changed
+
+
+def _close(a: Optional[float], b: float) -> bool:
+    return a is not None and math.isclose(a, b, rel_tol=_REL_TOL)
+
+
 def analyse(ctx: Any, records: list) -> None:
     """Fill ``site.eps_facts`` for every record (``records``: :class:`normaudit.facts.sites.SiteRecord`).
 
     ``ctx`` is the :class:`normaudit.facts.FactContext`; its ``config_sources`` (a list of
     :class:`ConfigSource`) are compared, or, when empty, ``config``/``config_source`` with the origin in
-    ``options["config_origin"]``.
+    ``options["config_origin"]``. Peers: :func:`assign_peers`.
     """
-    sources: list[ConfigSource] = list(getattr(ctx, "config_sources", None) or [])
-    if not sources and getattr(ctx, "config", None):
-        origin = (getattr(ctx, "options", None) or {}).get("config_origin") or "model"
-        sources = [ConfigSource(origin, ctx.config_source or "the config", ctx.config)]
+    sources = _sources(ctx)
+    cap = getattr(ctx, "cap", None)
+    modules: Mapping[str, Any] = getattr(cap, "modules", None) or {}
     for rec in records:
         site: Site = rec.site
         facts = EpsFacts(effective=_effective(site), missing=_eps_missing(site, getattr(rec, "hints", {}) or {}))
-        for src in sources:
-            found = find_eps_key(src.data, EPS_KEYS.get(site.kind, ()))
-            if found is None:
-                continue
-            key, value = found
-            matches = facts.effective is not None and math.isclose(facts.effective, value, rel_tol=_REL_TOL)
-            facts.declared.append(ConfigEps(origin=src.origin, source=src.source, key=key, value=value,
-                                            matches=matches))
+        passed = _passed_key(rec, modules) if facts.effective is not None else None
+        if passed is not None:
+            facts.constructor_eps = passed[1]
+        facts.declared, facts.changed = declared_eps(site, facts.effective, sources, passed[0] if passed else None)
         if facts.effective is not None:
             facts.dtype, facts.dtype_basis = eps_dtype_of(site, getattr(rec, "nodes", None))
             if facts.dtype is not None:
                 facts.in_dtype = rounded(facts.effective, facts.dtype)
         site.eps_facts = facts
-    groups: dict[tuple[str, str], list[Site]] = {}
-    for rec in records:
-        s = rec.site
-        if s.detected_by != "checkpoint" and s.eps_facts.effective is not None:
-            groups.setdefault((s.class_name, s.kind), []).append(s)
-    for members in groups.values():
-        counts = Counter(s.eps_facts.effective for s in members)
+    assign_peers([r.site for r in records], modules)
+
+
+def _role_keys(site: Site, modules: Mapping[str, Any]) -> list[tuple]:
+    """The roles a site has: its constructor line, and its attribute name in a module of its parent's class
+    (numbered children of containers: the path with indices starred)."""
+    keys: list[tuple] = []
+    functional = site.detected_by == "functional"
+    d = site.call if functional else site.definition   # a functional norm is "constructed" where it is called
+    if d is not None and d.line:
+        keys.append(("line", f"{'called' if functional else 'constructed'} at {Path(d.file).name}:{d.line}",
+                     str(d.file), d.line))
+    nth = (site.call_index,) if functional else ()
+    parent, attr = _parent(modules, site.module)
+    if attr is not None:
+        if attr.isdigit() or parent is None:
+            pattern = ".".join("*" if p.isdigit() else p for p in site.module.split("."))
+            keys.append(("path", f"modules {pattern}", pattern, *nth))
+        else:
+            cls = type(parent).__name__
+            keys.append(("attr", f"attribute {attr} of {cls}", cls, attr, *nth))
+    elif not site.module:
+        keys.append(("root", "the model itself", *nth))
+    return keys
+
+
+def assign_peers(sites: list[Site], modules: Mapping[str, Any]) -> None:
+    """Group sites of one role (same class and kind, and the same constructor line or the same attribute of
+    modules of one class; groups sharing a member merge) and set ``peers``/``peer_eps``/``peer_count``/``role``.
+
+    Roles, not classes: libraries give one class different eps in different roles on purpose (qk-norms vs block
+    norms, attention GroupNorm vs resnet GroupNorm, head vs backbone BatchNorm, patch-embed vs block norms)."""
+    members = [s for s in sites if s.detected_by != "checkpoint" and s.eps_facts is not None
+               and s.eps_facts.effective is not None]
+    root = list(range(len(members)))
+
+    def find(i: int) -> int:
+        while root[i] != i:
+            root[i] = root[root[i]]
+            i = root[i]
+        return i
+
+    first: dict[tuple, int] = {}
+    labels: dict[int, str] = {}
+    for i, s in enumerate(members):
+        for key in _role_keys(s, modules):
+            labels.setdefault(i, key[1])
+            k = (s.class_name, s.kind, key[0], *key[2:])
+            if k in first:
+                root[find(i)] = find(first[k])
+            else:
+                first[k] = i
+    groups: dict[int, list[int]] = {}
+    for i in range(len(members)):
+        groups.setdefault(find(i), []).append(i)
+    for idx in groups.values():
+        counts = Counter(members[i].eps_facts.effective for i in idx)
         value, n = counts.most_common(1)[0]
-        majority = value if n * 2 > len(members) else None
-        for s in members:
-            s.eps_facts.peers = len(members)
-            s.eps_facts.peer_eps = majority
-            s.eps_facts.peer_count = n if majority is not None else 0
+        majority = value if n * 2 > len(idx) else None
+        for i in idx:
+            e = members[i].eps_facts
+            e.peers, e.peer_eps, e.peer_count = len(idx), majority, (n if majority is not None else 0)
+            e.role = labels.get(idx[0])
