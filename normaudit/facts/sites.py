@@ -807,6 +807,82 @@ def _folded_candidates(nodes: list[fx.Node], mod: Optional[nn.Module], act: Opti
     return out
 
 
+def _hand_written_sites(gm: fx.GraphModule, modules: dict, claimed: set, act: Optional[set], add_pattern) -> None:
+    """Detector 3 of the module docstring: statistics turned into a scale by a root and applied to the tensor
+    they were taken on (and the 2-norm forms, and frozen BatchNorms read off an exported graph). New sites go
+    through ``add_pattern`` (the closure of :func:`discover_sites`), which also extends ``claimed``."""
+    for node in gm.graph.nodes:
+        if node in claimed or builtin_kind(modules.get(owner(node, modules))) is not None:
+            continue
+        name = op_name(node)
+        stat = eps = how = None
+        if _is_root(node):
+            found = _find_stat(node.args[0])
+            if found is None:
+                frozen = _buffer_stat(node.args[0], act)
+                if frozen is not None:
+                    _add_frozen_batchnorm(node, frozen, act, add_pattern, modules)
+                continue
+            stat, eps, how = found
+        elif name == "std":
+            stat, eps, how = node, None, "none"
+        elif _l2_stat(node) is not None:
+            _add_l2(node, act, add_pattern, modules)
+            continue
+        else:
+            continue
+        info = _analyse_stat(stat)
+        if info is None or not _is_act(info["source"], act):
+            continue  # statistics of a parameter (weight standardisation) normalise no activation
+        scale = node
+        if name in ("std", "sqrt") or (name == "pow" and node.args[1] == 0.5):
+            # eps added to the std/RMS after the root: x / (sqrt(var) + eps), x / (x.std() + eps)
+            adds = [u for u in node.users if op_name(u) == "add" and scalar_operand(u) is not None]
+            if adds:
+                scale, eps, how = adds[0], scalar_operand(adds[0]), "outside_sqrt"
+        by = "div" if name in ("sqrt", "std") or (name == "pow" and node.args[1] == 0.5) else "mul"
+        applied = _apply_node(scale, info["source"], by)
+        if applied is None:
+            continue
+        if info.get("statistic") == "l2_norm" and not _norm_like(modules.get(owner(node, modules))) \
+                and not _learned_rescale(applied, act):
+            continue  # x / sqrt(sum(x^2)) outside a norm module and with no gain: a cosine similarity
+        other = next((a for a in applied.args[:2] if not _feeds_from(a, scale)), None)
+        form = _numerator_form(other, info["source"], act)
+        centered = info["centered"] if form in ("unknown", "gated") else form == "centred"
+        combined = _combined(scale, applied)
+        kind = "Other" if form == "gated" or combined else None
+        rec = add_pattern(owner(node, modules), node, stat, applied, info["source"], info["dims"], centered,
+                          info["variance"], eps, how, kind=kind)
+        if kind == "Other":
+            rec.hints["form"] = "gated" if form == "gated" else "combined"
+        if "statistic" in info:
+            rec.hints["statistic"] = info["statistic"]
+            rec.hints["sum_of_squares"] = True
+
+
+def _folded_frozen_batchnorm_sites(owned: dict, records: list, modules: dict, act: Optional[set],
+                                   add_pattern) -> None:
+    """Frozen BatchNorms whose buffer arithmetic symbolic tracing folded into constants
+    (:func:`_folded_candidates`, :func:`_retraced_frozen_batchnorm`), in modules with no site yet."""
+    found_paths = {r.site.module for r in records}
+    for path, nodes in owned.items():
+        if path in found_paths:
+            continue
+        for mul, x in _folded_candidates(nodes, modules.get(path), act):
+            got = _retraced_frozen_batchnorm(modules[path], x)
+            if got is None or (shape(x) or (0, 0))[1:2] != (got[1],):
+                continue
+            eps, channels, gain = got
+            rec = add_pattern(path, mul, mul.args[1] if mul.args[0] is x else mul.args[0], mul, x,
+                              [d for d in range(len(shape(x))) if d != 1], True, "population", eps,
+                              "inside_sqrt" if eps is not None else "none", kind="BatchNorm")
+            rec.site.num_channels, rec.site.affine_weight = channels, gain or None
+            rec.site.training, rec.site.track_running_stats = False, True
+            rec.hints["statistic"] = "running_var"
+            break
+
+
 def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = None) -> list[SiteRecord]:
     """Find every normalisation computation in ``cap.gm`` (see the module docstring)."""
     origins = origins or {}
@@ -908,73 +984,9 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
         records.append(rec)
         return rec
 
-    # 3: hand-written norms
-    for node in gm.graph.nodes:
-        if node in claimed or builtin_kind(modules.get(owner(node, modules))) is not None:
-            continue
-        name = op_name(node)
-        stat = eps = how = None
-        if _is_root(node):
-            found = _find_stat(node.args[0])
-            if found is None:
-                frozen = _buffer_stat(node.args[0], act)
-                if frozen is not None:
-                    _add_frozen_batchnorm(node, frozen, act, add_pattern, modules)
-                continue
-            stat, eps, how = found
-        elif name == "std":
-            stat, eps, how = node, None, "none"
-        elif _l2_stat(node) is not None:
-            _add_l2(node, act, add_pattern, modules)
-            continue
-        else:
-            continue
-        info = _analyse_stat(stat)
-        if info is None or not _is_act(info["source"], act):
-            continue  # statistics of a parameter (weight standardisation) normalise no activation
-        scale = node
-        if name in ("std", "sqrt") or (name == "pow" and node.args[1] == 0.5):
-            # eps added to the std/RMS after the root: x / (sqrt(var) + eps), x / (x.std() + eps)
-            adds = [u for u in node.users if op_name(u) == "add" and scalar_operand(u) is not None]
-            if adds:
-                scale, eps, how = adds[0], scalar_operand(adds[0]), "outside_sqrt"
-        by = "div" if name in ("sqrt", "std") or (name == "pow" and node.args[1] == 0.5) else "mul"
-        applied = _apply_node(scale, info["source"], by)
-        if applied is None:
-            continue
-        if info.get("statistic") == "l2_norm" and not _norm_like(modules.get(owner(node, modules))) \
-                and not _learned_rescale(applied, act):
-            continue  # x / sqrt(sum(x^2)) outside a norm module and with no gain: a cosine similarity
-        other = next((a for a in applied.args[:2] if not _feeds_from(a, scale)), None)
-        form = _numerator_form(other, info["source"], act)
-        centered = info["centered"] if form in ("unknown", "gated") else form == "centred"
-        combined = _combined(scale, applied)
-        kind = "Other" if form == "gated" or combined else None
-        rec = add_pattern(owner(node, modules), node, stat, applied, info["source"], info["dims"], centered,
-                          info["variance"], eps, how, kind=kind)
-        if kind == "Other":
-            rec.hints["form"] = "gated" if form == "gated" else "combined"
-        if "statistic" in info:
-            rec.hints["statistic"] = info["statistic"]
-            rec.hints["sum_of_squares"] = True
-
-    # frozen BatchNorms whose buffer arithmetic symbolic tracing folded into constants
-    found_paths = {r.site.module for r in records}
-    for path, nodes in owned.items():
-        if path in found_paths:
-            continue
-        for mul, x in _folded_candidates(nodes, modules.get(path), act):
-            got = _retraced_frozen_batchnorm(modules[path], x)
-            if got is None or (shape(x) or (0, 0))[1:2] != (got[1],):
-                continue
-            eps, channels, gain = got
-            rec = add_pattern(path, mul, mul.args[1] if mul.args[0] is x else mul.args[0], mul, x,
-                              [d for d in range(len(shape(x))) if d != 1], True, "population", eps,
-                              "inside_sqrt" if eps is not None else "none", kind="BatchNorm")
-            rec.site.num_channels, rec.site.affine_weight = channels, gain or None
-            rec.site.training, rec.site.track_running_stats = False, True
-            rec.hints["statistic"] = "running_var"
-            break
+    # 3: hand-written norms; 4: frozen BatchNorms folded by symbolic tracing
+    _hand_written_sites(gm, modules, claimed, act, add_pattern)
+    _folded_frozen_batchnorm_sites(owned, records, modules, act, add_pattern)
 
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     records.sort(key=lambda r: min((order[n] for n in r.nodes), default=len(order)))
