@@ -2,9 +2,14 @@
 training config. Parse errors are :class:`UsageError` with the file and line."""
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
