@@ -63,8 +63,9 @@ def collect_facts(ctx: FactContext) -> Facts:
     model = ModelFacts(class_name=type(cap.root).__name__,
                        num_parameters=sum(p.numel() for p in cap.root.parameters()))
     if cap.gm is None:
-        model.extra["groupnorm_config"] = batchnorm_pass.groupnorm_config_problems(ctx.config or {})
         records = walk_modules(cap.modules, origins)
+        model.extra["groupnorm_config"] = batchnorm_pass.groupnorm_config_facts(ctx.config or {},
+                                                                                 [r.site for r in records])
         if cap.parts:  # the parts captured alone: graph facts for the norms they hold
             from normaudit.capture.parts import facts_of_parts
 

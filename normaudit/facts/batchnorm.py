@@ -15,7 +15,8 @@ Per site (``site.channel_axes`` and ``site.extra``):
 - ``padding_input`` (BatchNorm): the name of a model input that looks like a padding mask (``*mask*``,
   ``*lengths*``), when the norm's statistics cover the sequence axis.
 
-Model level (``model.extra["groupnorm_config"]``): :func:`groupnorm_config_problems` over the configuration.
+Model level (``model.extra["groupnorm_config"]``): :func:`groupnorm_config_facts`, the configuration's GroupNorm
+group counts that do not divide its channel counts, for a model that has GroupNorms.
 """
 from __future__ import annotations
 
@@ -121,6 +122,28 @@ def groupnorm_config_problems(config: Any) -> list[dict[str, Any]]:
     return out
 
 
+def groupnorm_config_facts(config: Any, sites: Iterable[Any]) -> list[dict[str, Any]]:
+    """:func:`groupnorm_config_problems` of ``config`` that concern the model's GroupNorms: none without a
+    GroupNorm site (a groups key alone, ``num_groups`` of grouped attention or convolutions, says nothing about
+    a model that has no GroupNorm), and, where the sites' group counts are known, only a count one of them
+    uses. ``sites``: :class:`normaudit.report.Site` objects.
+
+        >>> from normaudit.report import Site
+        >>> cfg = {"num_groups": 32, "hidden_size": 48}
+        >>> ln = Site(module="ln", kind="LayerNorm", class_name="LayerNorm", detected_by="module")
+        >>> groupnorm_config_facts(cfg, [ln])
+        []
+        >>> gn = Site(module="gn", kind="GroupNorm", class_name="GroupNorm", detected_by="module", num_groups=32)
+        >>> [p["bad"] for p in groupnorm_config_facts(cfg, [gn])]
+        [[48]]
+    """
+    groupnorms = [s for s in sites if s.kind == "GroupNorm"]
+    if not groupnorms:
+        return []
+    counts = {s.num_groups for s in groupnorms if s.num_groups}
+    return [p for p in groupnorm_config_problems(config) if not counts or p["groups"] in counts]
+
+
 def _mask_input(ctx: Any) -> Optional[str]:
     """The name of a model input that looks like a padding mask or lengths, else None."""
     names: list[str] = []
@@ -174,7 +197,7 @@ def analyse(ctx: Any, records: list, model: ModelFacts, env: dict[fx.Node, Any])
             if mask is None:
                 mask = _mask_input(ctx) or ""
             s.extra["padding_input"] = mask or None
-    model.extra["groupnorm_config"] = groupnorm_config_problems(ctx.config or {})
+    model.extra["groupnorm_config"] = groupnorm_config_facts(ctx.config or {}, [r.site for r in records])
 
 
 _ONE_VALUE = re.compile(r"Expected more than 1 value per channel when training, got input size "
