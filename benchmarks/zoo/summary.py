@@ -23,7 +23,7 @@ from typing import Any, Iterable, Optional
 NOT_A_NORM = re.compile(r"Block|Conv|Free|Stage|Head|Attention|Attn|Mlp|MLP|Embed|Model|Encoder|Decoder|Layer$")
 
 COLUMNS = ("corpus", "type", "model", "shrink", "exit", "capture", "complete", "sites", "fwd_norms",
-           "norm_modules", "recall", "missing", "findings", "audit_s", "total_s", "cpu_s", "fwd_inputs", "error")
+           "norm_modules", "recall", "missing", "extra", "findings", "audit_s", "total_s", "cpu_s", "fwd_inputs", "error")
 
 
 def _drop_non_norms(r: dict[str, Any]) -> dict[str, Any]:
@@ -70,6 +70,15 @@ def missing(r: dict[str, Any]) -> list[str]:
     return [m for m in r.get("fwd_norms") or [] if m not in sites]
 
 
+def extra(r: dict[str, Any]) -> list[str]:
+    """Graph sites whose module is no norm module the forward called (a functional norm inside another
+    module, a hand-written norm, or something that is no norm: weight standardisation)."""
+    if r.get("fwd_norms") is None:
+        return []
+    called = set(r["fwd_norms"])
+    return [m for m in r.get("graph_site_modules") or [] if m not in called]
+
+
 def write_tsv(results: Iterable[dict[str, Any]], path: Path) -> None:
     """One row per target with :data:`COLUMNS` (findings as ``RULE@module``, ``;``-separated)."""
     with open(path, "w", newline="") as f:
@@ -77,13 +86,14 @@ def write_tsv(results: Iterable[dict[str, Any]], path: Path) -> None:
         w.writerow(COLUMNS)
         for r in latest(results):
             rec = recall(r)
-            gone = missing(r)
+            gone, more = missing(r), extra(r)
             w.writerow([
                 r["corpus"], r.get("family") or r["name"], r["name"], r.get("shrink", ""), r.get("exit"),
                 r.get("capture") or "", r.get("complete", ""), r.get("sites", ""),
                 "" if r.get("fwd_norms") is None else len(r["fwd_norms"]), len(r.get("norm_modules") or {}),
                 "" if rec is None else f"{rec:.3f}", ",".join(gone[:5]) + (f",+{len(gone) - 5}" if len(gone) > 5
                                                                           else ""),
+                ",".join(more[:5]) + (f",+{len(more) - 5}" if len(more) > 5 else ""),
                 ";".join(f"{f['rule']}@{f['module'] or '<model>'}" for f in r.get("findings") or []),
                 r.get("audit_s", ""), r.get("total_s", ""), r.get("cpu_s", ""), (r.get("fwd_inputs") or "")[:120],
                 " ".join(str(r.get("error") or r.get("capture_error") or "").split())[:200]])
@@ -119,6 +129,9 @@ def corpus_lines(rs: list[dict[str, Any]], corpus: str) -> list[str]:
              f"site): {_pct(sum(1 for x in recs if x == 1.0), len(recs))}; mean recall "
              f"{statistics.mean(recs) if recs else 0:.3f} (graph sites; counting module-walk sites too: "
              f"full {_pct(sum(1 for x in recs_any if x == 1.0), len(recs_any))})",
+             f"- graph sites on modules that are no norm module called by the forward (functional or "
+             f"hand-written norms, or no norm at all): {sum(len(extra(r)) for r in aud)} in "
+             f"{sum(1 for r in aud if extra(r))} models",
              f"- norm modules never called by the forward (not audited by any graph): "
              f"{sum(len(r.get('norm_modules') or {}) - len(r['fwd_norms']) for r in aud if r.get('fwd_norms') is not None)}"
              f" in {sum(1 for r in aud if r.get('fwd_norms') is not None and len(r['fwd_norms']) < len(r.get('norm_modules') or {}))} models",
