@@ -2,10 +2,12 @@
 ``--rules DIR``. No registry table: the files are the rules."""
 from __future__ import annotations
 
+import functools
 from importlib import resources
 from pathlib import Path
 from typing import Iterable, Optional
 
+import yaml
 from pydantic import ValidationError
 
 from normaudit.engine.schema import Rule
@@ -18,6 +20,20 @@ def builtin_rules_dir() -> Path:
     if packaged.is_dir():
         return packaged
     return Path(__file__).resolve().parents[2] / "rules"
+
+
+def _shipped(path: Path) -> bool:
+    """True for a rule file shipped with normaudit (under :func:`builtin_rules_dir`)."""
+    try:
+        path.resolve().relative_to(_builtin_resolved())
+    except ValueError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin_resolved() -> Path:
+    return builtin_rules_dir().resolve()
 
 
 def _line_of(text: str, field: str) -> Optional[int]:
@@ -41,7 +57,11 @@ def load_rule_file(path: Path) -> Rule:
     except UnicodeDecodeError as err:
         raise UsageError(f"rule file is not UTF-8 text: byte 0x{raw[err.start]:02x} at offset {err.start}",
                          file=str(path), line=raw[: err.start].count(b"\n") + 1) from None
-    data = loads_yaml(text, "rule file", str(path))
+    if _shipped(path) and hasattr(yaml, "CSafeLoader"):
+        # normaudit's own rules: libyaml's loader (ten times faster; the bounds are for users' files)
+        data = yaml.load(text, Loader=yaml.CSafeLoader)  # noqa: S506 - a safe loader
+    else:
+        data = loads_yaml(text, "rule file", str(path))
     if not isinstance(data, dict):
         raise UsageError("a rule file must be a mapping", file=str(path))
     try:

@@ -242,8 +242,9 @@ def loads_yaml(text: str, what: str, file: Optional[str] = None, max_nodes: int 
     (``!!python/object/apply:os.system``), nesting past :data:`MAX_NESTING`, or aliases that expand the
     document past ``max_nodes`` nodes (or form a cycle). Returns None for an empty document.
     """
-    loader = ConfigLoader(text)
+    loader = None
     try:
+        loader = ConfigLoader(text)  # its reader rejects control characters at once (a YAMLError)
         node = loader.get_single_node()
         if node is None:
             return None
@@ -267,7 +268,8 @@ def loads_yaml(text: str, what: str, file: Optional[str] = None, max_nodes: int 
         raise UsageError(f"{what} nests too deep to read (at most {MAX_NESTING} levels expected)",
                          file=file) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
