@@ -18,7 +18,11 @@ placeholders, ``nn_module_stack`` on every node) give the same answer.
    parameters) that is not part of a norm. The branch may read an earlier value of the stream than the one
    it is added to (``x + attn(ln1(x)) + mlp(ln2(x))``): the skip's chain of residual adds is searched.
    A skip that is itself ``[norm](W(x))`` with a single weighted op ``W`` (a projection shortcut,
-   ResNet downsampling) also counts; the shortcut is then a second branch.
+   ResNet downsampling) also counts; the shortcut is then a second branch. A branch without weights counts
+   when a parameter-free mixing op (a Fourier transform, a pooling) computes it from the skip (FNet's
+   ``LayerNorm(x + fft(x).real)``). An add whose branch reads the skip only across residual adds already
+   found is a long skip, not the stream (a position bias or value embedding shared by every layer, an
+   outer ``x0 + s * LN(h)`` around the stack, U-Net/FPN skips).
    The add is *parallel* (GPT-J, GPT-NeoX ``use_parallel_residual``, Falcon ``parallel_attn``) when its
    branch is a sum of weighted terms that read the same stream value, or when it reads an earlier stream
    value than its skip.
@@ -45,14 +49,17 @@ placeholders, ``nn_module_stack`` on every node) give the same answer.
    residual add and a weighted op of its branch (``layers.0``, ``encoder.block.1``), with each norm's role.
 
 Per-site facts in ``Site.extra`` (present only when they apply): ``branch_position``; ``skip_from_norm``
-(the norm's output is the skip of a residual add of its own block although the norm does not close a
-sublayer of that block: ``x = norm(x); x = x + f(x)``, unless that add is itself closed by a ``post`` norm,
-``x = ln(x + f(x))``, as in any post-LN stack, blocks as submodules or not); ``feeds_norm`` / ``reads_norm`` (the module of a
+(the norm reads the residual stream -- a residual add, a model input, an embedding lookup -- and its
+output is the skip of a residual add of its own block although the norm does not close a sublayer of that
+block: ``x = norm(x); x = x + f(x)``, unless that add is itself closed by a ``post`` norm,
+``x = ln(x + f(x))``, as in any post-LN stack, blocks as submodules or not; a norm ending a non-residual
+block, conv -> BN of a stride-2 block or a patch embedding, starts a new stream instead); ``feeds_norm`` / ``reads_norm`` (the module of a
 norm that is the only consumer of / the only input to this one, with nothing but casts and views
-between); ``majority_placement`` and ``majority_blocks`` (the role of the same norm in most blocks of
-the same class, when this one differs); ``unnormed_stream_end`` on the norms in the branch of a stack's
-last residual add when that add reaches the output without a norm (the module it reaches, or
-``output``). Residual adds are marked in ``node.meta["normaudit"]["residual"]``.
+between); ``majority_placement`` and ``majority_blocks`` (the role of the same norm in a strict majority of the
+blocks of the same class, when this one differs; ``post``, ``final`` and ``embedding`` are one role, the
+stream norm, which the first and last blocks of a stack see differently); ``unnormed_stream_end`` (and
+``stack_blocks``, how many blocks its stack has) on the norms in the branch of a stack's last residual add
+when that add reaches the output without a norm (the module it reaches, or ``output``). Residual adds are marked in ``node.meta["normaudit"]["residual"]``.
 
 Example::
 
@@ -201,15 +208,17 @@ class _Graph:
                 if any(a in self.pderived for a in self.inputs[n]):
                     self.weighted_mask |= 1 << i
 
-        self.output_mask = 0
-        for i, n in enumerate(self.nodes):
-            if n.op == "output":
-                self.output_mask |= 1 << i
-        self.mixing_mask = 0
+        self._mark_mixing_and_output()
+
+    def _mark_mixing_and_output(self) -> None:
+        """Bitsets of the output node and of parameter-free mixing ops (Fourier transforms, pooling)."""
+        self.output_mask = self.mixing_mask = 0
         for i, n in enumerate(self.nodes):
             name = op_name(n).lower()
-            if n not in self.const and ("fft" in name or "pool" in name or
-                                        (n.op == "call_module" and _is_pool_module(self.modules.get(str(n.target))))):
+            if n.op == "output":
+                self.output_mask |= 1 << i
+            elif n not in self.const and ("fft" in name or "pool" in name or
+                                          (n.op == "call_module" and _is_pool_module(self.modules.get(str(n.target))))):
                 self.mixing_mask |= 1 << i
 
     def strip(self, node: Any) -> Any:
@@ -635,34 +644,7 @@ def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
         if _reaches_scores(g, info.out, residual):
             info.placement = "qk"
             continue
-        for a in adds:
-            sides = [a.branch] + ([a.skip] if a.shortcut is not None else [])
-            side = next((s for s in sides if g.anc_or_eq(info.out, s)), None)
-            if side is not None and a.shortcut is not None and g.anc_or_eq(info.out, a.reads) \
-                    and not g.weighted_between(info.out, a.reads):
-                # pre-activation block with a projection shortcut (ResNetV2, PreAct ResNet): the norm of the
-                # block input feeds both the branch and the shortcut projection, x_pre = norm(x);
-                # y = conv_s(x_pre) + F(x_pre): a pre norm, as in the blocks with an identity shortcut
-                info.adds.append(a)
-                if info.add is None:
-                    info.add, info.placement = a, "pre"
-                    info.rec.site.extra["branch_position"] = "input"
-                continue
-            if side is None or g.anc_or_eq(info.out, a.reads):
-                continue  # not in a branch, or the norm's output is (upstream of) the stream the branch reads
-            if not g.anc_or_eq(a.reads, info.inp):
-                continue
-            info.adds.append(a)
-            if info.add is not None:
-                continue  # the innermost (first) add decides; later ones are outer or parallel adds
-            info.add = a
-            ends = {n for t in ([side] if side is not a.branch else a.terms + [a.branch]) for n in _unwrap_branch(g, t)}
-            if ends & _own_nodes(g, info):
-                info.placement = "sandwich"
-                info.rec.site.extra["branch_position"] = "output"
-            else:
-                info.placement = "pre"
-                info.rec.site.extra["branch_position"] = "input" if info.inp is a.reads else "inner"
+        _branch_placement(g, info, adds)
 
     branch_norms: dict[fx.Node, list[_SiteInfo]] = defaultdict(list)
     for info in infos:
@@ -706,6 +688,40 @@ def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
 
     _double_norms(g, infos)
     _model_facts(g, adds, residual, infos, model, candidates)
+
+
+def _branch_placement(g: _Graph, info: "_SiteInfo", adds: list[ResidualAdd]) -> None:
+    """Pass 1 for one norm: the residual adds whose branch (or projection shortcut) it lies in, and its role
+    there (``sandwich`` when its output is the branch, else ``pre`` with ``branch_position``); the innermost
+    (first) add decides."""
+    for a in adds:
+        sides = [a.branch] + ([a.skip] if a.shortcut is not None else [])
+        side = next((s for s in sides if g.anc_or_eq(info.out, s)), None)
+        if side is not None and a.shortcut is not None and g.anc_or_eq(info.out, a.reads) \
+                and not g.weighted_between(info.out, a.reads):
+            # pre-activation block with a projection shortcut (ResNetV2, PreAct ResNet): the norm of the
+            # block input feeds both the branch and the shortcut projection, x_pre = norm(x);
+            # y = conv_s(x_pre) + F(x_pre): a pre norm, as in the blocks with an identity shortcut
+            info.adds.append(a)
+            if info.add is None:
+                info.add, info.placement = a, "pre"
+                info.rec.site.extra["branch_position"] = "input"
+            continue
+        if side is None or g.anc_or_eq(info.out, a.reads):
+            continue  # not in a branch, or the norm's output is (upstream of) the stream the branch reads
+        if not g.anc_or_eq(a.reads, info.inp):
+            continue
+        info.adds.append(a)
+        if info.add is not None:
+            continue  # the innermost (first) add decides; later ones are outer or parallel adds
+        info.add = a
+        ends = {n for t in ([side] if side is not a.branch else a.terms + [a.branch]) for n in _unwrap_branch(g, t)}
+        if ends & _own_nodes(g, info):
+            info.placement = "sandwich"
+            info.rec.site.extra["branch_position"] = "output"
+        else:
+            info.placement = "pre"
+            info.rec.site.extra["branch_position"] = "input" if info.inp is a.reads else "inner"
 
 
 def _reads_stream(g: _Graph, node: fx.Node, residual: dict[fx.Node, ResidualAdd]) -> bool:
