@@ -142,6 +142,11 @@ def _child(conn: Any, work: Callable[[], Any], target: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if not os.environ.get("NORMAUDIT_DEBUG"):
         faulthandler.disable()  # a crash of the model's code is the parent's one line, not a C stack dump
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        # OpenMP's thread pool does not survive a fork of a process that used it (the worker would hang at the
+        # first parallel op); one intra-op thread, as torch's DataLoader workers do.
+        torch.set_num_threads(1)
     try:
         with user_code_output():
             result = work()

@@ -110,6 +110,22 @@ def test_worker_ends_despite_threads_left_running():
     assert time.monotonic() - started < 30
 
 
+def _parallel_op():
+    return Result(value=int(torch.ones(1 << 22).exp().sum() > 0))
+
+
+def test_worker_runs_torch_after_the_parent_used_its_thread_pool():
+    """OpenMP's pool does not survive fork(): a worker forked from a process that ran a parallel op (pytest,
+    notebooks, normaudit.testing callers) must still run parallel ops instead of hanging."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert float(torch.ones(1 << 22).exp().sum()) > 0  # the parent's pool is started
+        assert _isolated(_parallel_op, timeout=60) == Result(value=1)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _noisy():
     print("python print")
     os.write(1, b"fd1 write\n")
