@@ -411,3 +411,18 @@ def test_library_base_model_without_final_norm_is_info(placement_rules):
                          {"library_model": library})
         assert [(f.module, f.severity) for f in found] == [("layers.1", severity)], (library, found)
         assert ("the library leaves out of its base model" in found[0].message) == (severity == "info")
+
+
+def test_fnet_fourier_sublayer_is_a_residual_closed_by_its_post_norm(placement_rules):
+    """transformers FNetModel: ``LayerNorm(x + fft(x).real)`` has no weights in its branch, yet it is the
+    residual of the mixing sublayer; every norm of the encoder is post (no NP102 on the Fourier output norm,
+    no NP104 between the first and the other layers)."""
+    model = _hf("FNetConfig", "FNetModel", hidden_size=32, num_hidden_layers=2, intermediate_size=64, vocab_size=100)
+    report = _hf_report(model, placement_rules)
+    expected = {"embeddings.LayerNorm": "embedding"}
+    for i in range(2):
+        expected[f"encoder.layer.{i}.fourier.output.LayerNorm"] = "post"
+        expected[f"encoder.layer.{i}.output.LayerNorm"] = "post"
+    assert {s.module: s.placement for s in report.sites} == expected
+    assert report.model.placement == "post" and report.model.num_residual_adds == 4
+    assert not [f for f in report.findings if RANK[f.severity] >= RANK["warning"]]
