@@ -41,8 +41,9 @@ class Capture:
     user_inputs: list[str] = field(default_factory=list)
     eval_fallback: bool = False
     train_error: Optional[str] = None
-    #: when the whole model failed: the parts captured alone (``normaudit.capture.parts.PartCapture``), and
-    #: what stopped the eager forward that recorded their inputs
+    #: the parts captured alone (``normaudit.capture.parts.PartCapture``): when the whole model failed, its
+    #: parts; else towers the whole-model forward never called, on inputs of their own; and what stopped the
+    #: eager forward that recorded the parts' inputs
     parts: list = field(default_factory=list)
     parts_error: Optional[str] = None
 
@@ -214,9 +215,15 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
             label = method if train_pass == was_training else f"{method} (eval)"
             attempts.append(CaptureAttempt(method=label, ok=True, seconds=round(time.perf_counter() - t0, 3)))
             _restore_modes(modules, modes)
-            return Capture(gm=gm, method=method, attempts=attempts, root=model, modules=modules,
-                           user_inputs=user, eval_fallback=not train_pass and was_training,
-                           train_error=train_error if not train_pass else None)
+            cap = Capture(gm=gm, method=method, attempts=attempts, root=model, modules=modules,
+                          user_inputs=user, eval_fallback=not train_pass and was_training,
+                          train_error=train_error if not train_pass else None)
+            if parts_fallback:
+                from normaudit.capture.parts import capture_unreached
+
+                with _quiet():
+                    cap.parts = capture_unreached(cap, mode, dtype)
+            return cap
     _restore_modes(modules, modes)
     parts, parts_error = _capture_parts(model, fake_args, mode, modules) if parts_fallback else ([], None)
     _restore_modes(modules, modes)

@@ -206,6 +206,52 @@ def _visit(root: nn.Module, path: str, holders: set[str], recorded: dict, mode: 
         _visit(root, f"{path}.{name}", holders, recorded, mode, found, budget)
 
 
+def reached_modules(cap: Any) -> set[str]:
+    """Paths of every module some node of ``cap.gm`` was computed in (its ``nn_module_stack``, or the
+    ``call_module`` target)."""
+    from normaudit.capture.ir import module_stack
+
+    out: set[str] = set()
+    for node in cap.gm.graph.nodes:
+        if node.op in ("call_module", "call_function", "call_method"):
+            out.update(module_stack(node, cap.modules))
+    return out
+
+
+def capture_unreached(cap: Any, mode: FakeTensorMode, dtype: torch.dtype) -> list[PartCapture]:
+    """Towers the whole-model forward never called (the speech encoder of a text-to-text run): each outermost
+    uncalled submodule that holds a norm and is a Hugging Face model of its own (a ``config`` and a
+    ``main_input_name``) is captured alone on inputs built for it (:func:`normaudit.target.inputs.infer_hf_inputs`).
+    """
+    from normaudit.capture import fake_inputs
+    from normaudit.facts.sites import walk_modules
+    from normaudit.target.inputs import forward_kwargs, _forward_params, infer_hf_inputs
+
+    reached = reached_modules(cap)
+    unreached = [r.site.module for r in walk_modules(cap.modules)
+                 if r.site.module and not any(_under(m, r.site.module) for m in reached)]
+    found: list[PartCapture] = []
+    until = time.perf_counter() + MAX_SECONDS
+    for path, mod in cap.modules.items():
+        if (not path or any(_under(path, p.path) for p in found) or time.perf_counter() > until
+                or getattr(mod, "main_input_name", None) is None or getattr(mod, "config", None) is None
+                or any(_under(m, path) for m in reached)
+                or not any(_under(u, path) for u in unreached)):
+            continue
+        built = infer_hf_inputs(mod)
+        if built is None:
+            continue
+        kwargs = {**fake_inputs(built[0], mode, dtype), **forward_kwargs(_forward_params(mod))}
+        sub = capture_one(mod, (), kwargs, mode)
+        if sub.gm is not None:
+            found.append(PartCapture(path=path, capture=sub, inputs=_describe((), kwargs)))
+            continue
+        inner = [u[len(path) + 1:] for u in unreached if u.startswith(path + ".")]
+        for part in capture_parts(mod, kwargs, mode, inner)[0]:  # its blocks, on inputs its forward gives them
+            found.append(PartCapture(path=_join(path, part.path), capture=part.capture, inputs=part.inputs))
+    return found
+
+
 def facts_of_parts(ctx: Any, parts: list[PartCapture], walked: list) -> tuple[list, Any]:
     """Site records of every part (module paths made whole-model paths), plus the ``walked`` records
     (``normaudit.facts.sites.walk_modules``) of norm modules no part holds, and the ModelFacts of the part
@@ -311,7 +357,11 @@ def coverage(cap: Any, sites: list) -> tuple[list, list]:
 def coverage_note(parts: list, unaudited: list, whole: bool) -> list[str]:
     """Notes for the report: which parts were captured alone, and the norm modules not audited."""
     notes = []
-    if parts:
+    if parts and whole:
+        names = ", ".join(p.module for p in parts[:6]) + (f" and {len(parts) - 6} more" if len(parts) > 6 else "")
+        notes.append(f"{len(parts)} part(s) the model's forward never called captured alone on inputs of their own "
+                     f"({names})")
+    elif parts:
         names = ", ".join(p.module for p in parts[:6]) + (f" and {len(parts) - 6} more" if len(parts) > 6 else "")
         notes.append(f"the whole model could not be captured; {len(parts)} part(s) captured alone ({names}): "
                      "their sites have graph facts, placement is judged within each part")

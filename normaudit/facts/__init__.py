@@ -78,6 +78,10 @@ def collect_facts(ctx: FactContext) -> Facts:
         return Facts(records=records, model=model, notes=notes)
     records = graph_facts(ctx, model)
     notes = probes_pass.run(ctx, records, ctx.env) if ctx.env is not None else []
+    if cap.parts:  # towers the forward never called, captured alone
+        from normaudit.capture.parts import facts_of_parts
+
+        records += facts_of_parts(ctx, cap.parts, [])[0]
     notes += weights_pass.analyse(ctx, records)
     eps_pass.analyse(ctx, records)
     return Facts(records=records, model=model, notes=notes)
