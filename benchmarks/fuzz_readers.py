@@ -177,10 +177,12 @@ def main() -> int:
         by_kind: dict[str, Counter] = {}
         bad: list[tuple[str, str, Path]] = []
         started = time.monotonic()
-        for kind, argv, path in cases:
+        for n, (kind, argv, path) in enumerate(cases, 1):
             outcome, detail = run_case(argv, args.timeout, work)
             counts[outcome] += 1
             by_kind.setdefault(kind, Counter())[outcome] += 1
+            if n % 100 == 0:
+                print(f"  ... {n} cases: {dict(counts)}", file=sys.stderr, flush=True)
             if outcome in ("crash", "hang"):
                 bad.append((outcome, detail, path))
                 if args.keep:

@@ -9,8 +9,10 @@ through the command line instead and counts outcomes.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import struct
 import tempfile
 from pathlib import Path
@@ -34,6 +36,7 @@ settings.register_profile("long", max_examples=2000, deadline=None, database=Non
 PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 _WORK = Path(tempfile.mkdtemp(prefix="normaudit-fuzz-"))
+atexit.register(shutil.rmtree, _WORK, True)
 
 
 @pytest.fixture(scope="module")
