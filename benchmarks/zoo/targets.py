@@ -130,7 +130,8 @@ def shrink_config_dict(d: dict[str, Any], level: str = "small") -> dict[str, Any
     if level == "default":
         return d
     for key, value in list(d.items()):
-        if isinstance(value, dict) and key not in ("id2label", "label2id", "rope_parameters", "rope_scaling"):
+        if (isinstance(value, dict) and all(isinstance(k, str) for k in value)  # a sub-config, not a table
+                and key not in ("id2label", "label2id", "rope_parameters", "rope_scaling")):
             d[key] = shrink_config_dict(value, level)
     staged = any(isinstance(d.get(k), list) for k in ("depths", "hidden_sizes", "embed_dims"))
     layer_keys = [k for k, v in d.items() if _LAYER_KEYS.match(k) and _is_int(v) and v > LAYERS and not staged]
