@@ -88,3 +88,43 @@ def test_captured_with_every_norm(name, sites, rules):
     by_module = [s.module for s in report.sites if s.detected_by == "module"]
     assert len(norms) == sites and sorted(by_module) == sorted(norms)  # every norm module was called, once
     assert report.capture.unaudited == []
+
+
+class _FixedSizeViT(nn.Module):
+    """timm-style: a fixed-size patch embedding that asserts its input size, declared in pretrained_cfg."""
+
+    def __init__(self):
+        super().__init__()
+        self.pretrained_cfg = {"input_size": (3, 48, 48)}
+        self.patch = nn.Conv2d(3, 16, 16, stride=16)
+        self.pos = nn.Parameter(torch.zeros(1, 9, 16))
+        self.norm = nn.LayerNorm(16, eps=1e-6)
+
+    def forward(self, x):
+        assert x.shape[-2:] == (48, 48), f"Input height ({x.shape[-2]}) doesn't match model (48)"
+        x = self.patch(x).flatten(2).transpose(1, 2) + self.pos
+        return self.norm(x)
+
+
+def test_declared_input_size_of_a_timm_style_model(rules):
+    from normaudit.target.inputs import declared_input_size, infer_inputs
+
+    model = _FixedSizeViT()
+    assert declared_input_size(model) == ((3, 48, 48), "pretrained_cfg")
+    inputs, said = infer_inputs(model)
+    assert tuple(inputs[0].shape) == (2, 3, 48, 48)
+    assert said == "float (2, 3, 48, 48) from the model's pretrained_cfg['input_size']"
+    with torch.device("meta"):
+        meta_model = _FixedSizeViT()
+    r = audit_model(meta_model, rules=rules, on_meta=True)
+    assert r.capture.method != "module_walk" and [s.module for s in r.sites] == ["norm"]
+    assert [f.rule_id for f in r.findings if f.rule_id == "NK101"] == []
+
+
+def test_no_declared_input_size_without_a_valid_cfg():
+    from normaudit.target.inputs import declared_input_size
+
+    m = nn.Conv2d(3, 4, 3)
+    assert declared_input_size(m) is None
+    m.default_cfg = {"input_size": ("3", 224)}
+    assert declared_input_size(m) is None

@@ -314,6 +314,19 @@ def _image_feature_count(model: nn.Module, pixels: torch.Tensor, extra: dict[str
     return total // BATCH if total % BATCH == 0 else None
 
 
+def declared_input_size(model: nn.Module) -> Optional[tuple[tuple[int, ...], str]]:
+    """The input size a model declares for itself: timm's ``pretrained_cfg`` / ``default_cfg``
+    ``input_size`` ``(C, H, W)`` (many timm models, ViTs with fixed position embeddings, Swin windows, need
+    exactly it). Returns ``((C, H, W), attribute name)`` or None when the model declares none."""
+    for attr in ("pretrained_cfg", "default_cfg"):
+        cfg = getattr(model, attr, None)
+        size = cfg.get("input_size") if isinstance(cfg, dict) else None
+        if (isinstance(size, (tuple, list)) and len(size) in (2, 3, 4)
+                and all(isinstance(v, int) and 0 < v <= 4096 for v in size)):
+            return tuple(size), attr
+    return None
+
+
 def infer_inputs(model: nn.Module) -> tuple[Any, str]:
     """Guess example inputs from the model's first layer.
 
@@ -323,6 +336,10 @@ def infer_inputs(model: nn.Module) -> tuple[Any, str]:
     hf = infer_hf_inputs(model)
     if hf is not None:
         return hf
+    declared = declared_input_size(model)
+    if declared is not None:
+        shape = (BATCH, *declared[0])
+        return (torch.randn(shape),), f"float {shape} from the model's {declared[1]}['input_size']"
     for _, mod in model.named_modules():
         if isinstance(mod, nn.Embedding):
             return (_ids(min(mod.num_embeddings, 100)),), f"int64 token ids ({BATCH}, {SEQ}) from the first layer Embedding({mod.num_embeddings}, {mod.embedding_dim})"
