@@ -256,6 +256,8 @@ def evaluate(rules: Iterable[Rule], sites: list[Site], model: ModelFacts, config
                 where = site.module if site is not None else "model"
                 raise RuleError(f"rule {rule.id} failed on {where or '<root>'}: {type(exc).__name__}: {exc}") from exc
             source = site.source if site is not None else None
+            if site is not None and rule.locate == "computation":
+                source = site.computation or site.source
             if site is None and module:
                 match = next((s for s in sites if s.module == module), None)
                 source = match.source if match else None

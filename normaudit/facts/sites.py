@@ -464,13 +464,14 @@ def _location(node: Optional[fx.Node], skip_inner: int = 0) -> Optional[SourceLo
     st = node.meta.get("stack_trace")
     if not st:
         return None
+    from normaudit.target.pyfile import is_tool_file
+
     frames: list[SourceLocation] = []
     for line in st.splitlines():
         line = line.strip()
         if line.startswith('File "'):
             fname = line[6:line.index('"', 6)]
-            norm = fname.replace("\\", "/")
-            if "/torch/" in norm or "/normaudit/" in norm or norm.startswith("<"):
+            if is_tool_file(fname):  # torch/normaudit by their real roots, not a substring of the path
                 continue
             try:
                 lineno = int(line.split(", line ")[1].split(",")[0])
@@ -906,6 +907,10 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
         site.definition = origins.get(id(mod)) if mod is not None else None
         # Where a fix goes: the constructor line of a norm module, the call line of a functional norm.
         site.source = (site.call or site.definition) if by == "functional" else (site.definition or site.call)
+        # What computes it: the call of a functional norm; for a hand-written one the statistic's line
+        # (add_pattern); nothing for a torch.nn module (torch computes it).
+        site.computation = None if by == "module" else _location(node)
+        site.class_module = type(mod).__module__ if mod is not None else None
         return rec
 
     # 1 + 2: built-in modules and functional calls
@@ -963,6 +968,8 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
         rec = new(path, kind or ("LayerNorm" if centered else "RMSNorm"), "pattern", node, None)
         rec.input = strip_neutral(src)
         rec.stat = stat
+        rec.site.computation = _location(stat) or rec.site.computation
+        rec.site.extra["inline"] = not _norm_like(rec.module_obj)
         out, chain = _extend_affine(applied, path, modules)
         rec.output = out
         rec.nodes |= {node, stat, applied, *chain}
