@@ -438,8 +438,44 @@ def _audit_one(opts: Any, rules: dict, baseline: Any, baseline_base: Path) -> An
     return report
 
 
-def _cmd_audit(argv: Sequence[str]) -> int:
+def _audit_targets(plan_opts: list, rules: dict, baseline: Any, base: Path, timeout: float,
+                   fail_on: str) -> list[TargetResult]:
+    """Audit each target in turn (each in its worker, under ``timeout`` seconds); with several targets one
+    target's bad input (exit 2) or internal error (exit 3) is that target's result and the others go on."""
     from normaudit.audit import exit_status
+
+    multi = len(plan_opts) > 1
+    progress = multi and _stderr_is_tty()
+    results: list[TargetResult] = []
+    debug = bool(os.environ.get("NORMAUDIT_DEBUG"))
+    for i, opts in enumerate(plan_opts, 1):
+        if progress:
+            print(f"normaudit: [{i}/{len(plan_opts)}] {opts.target} ...", end=" ", file=sys.stderr, flush=True)
+        started = time.monotonic()
+        result = TargetResult(target=opts.target)
+        try:
+            result.report = _run_target(opts, rules, baseline, base, timeout)
+            result.status = exit_status(result.report, fail_on)
+        except UsageError as err:
+            if not multi:
+                raise
+            result.status, result.error = EXIT_USAGE, str(err)
+        except Exception as exc:  # noqa: BLE001 - one target's internal error must not hide the others
+            if not multi or debug:
+                raise
+            result.status, result.error = EXIT_INTERNAL, f"internal error: {_internal_text(exc)}"
+        results.append(result)
+        if progress:
+            r = result.report
+            what = (f"{r.summary.errors} error(s), {r.summary.warnings} warning(s), {r.summary.infos} info"
+                    if r is not None else "failed")
+            print(f"{what} ({time.monotonic() - started:.1f}s)", file=sys.stderr, flush=True)
+        if result.error:
+            print(f"normaudit: error: {result.error}", file=sys.stderr)
+    return results
+
+
+def _cmd_audit(argv: Sequence[str]) -> int:
     from normaudit.baseline import baseline_dir, load_baseline, write_baseline
     from normaudit.engine.loader import load_rules
     from normaudit.settings import discover_settings
@@ -495,33 +531,7 @@ def _cmd_audit(argv: Sequence[str]) -> int:
 
     timeout = args.timeout or settings.timeout or DEFAULT_TIMEOUT
     multi = len(plan_opts) > 1
-    progress = multi and _stderr_is_tty()
-    results: list[TargetResult] = []
-    debug = bool(os.environ.get("NORMAUDIT_DEBUG"))
-    for i, opts in enumerate(plan_opts, 1):
-        if progress:
-            print(f"normaudit: [{i}/{len(plan_opts)}] {opts.target} ...", end=" ", file=sys.stderr, flush=True)
-        started = time.monotonic()
-        result = TargetResult(target=opts.target)
-        try:
-            result.report = _run_target(opts, rules, baseline, base, timeout)
-            result.status = exit_status(result.report, fail_on)
-        except UsageError as err:
-            if not multi:
-                raise
-            result.status, result.error = EXIT_USAGE, str(err)
-        except Exception as exc:  # noqa: BLE001 - one target's internal error must not hide the others
-            if not multi or debug:
-                raise
-            result.status, result.error = EXIT_INTERNAL, f"internal error: {_internal_text(exc)}"
-        results.append(result)
-        if progress:
-            r = result.report
-            what = (f"{r.summary.errors} error(s), {r.summary.warnings} warning(s), {r.summary.infos} info"
-                    if r is not None else "failed")
-            print(f"{what} ({time.monotonic() - started:.1f}s)", file=sys.stderr, flush=True)
-        if result.error:
-            print(f"normaudit: error: {result.error}", file=sys.stderr)
+    results = _audit_targets(plan_opts, rules, baseline, base, timeout, fail_on)
 
     with contextlib.redirect_stdout(sys.stderr):
         rendered = [(render_results(spec.fmt, results, rules, multi), spec.path) for spec in outputs]
