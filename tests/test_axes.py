@@ -184,8 +184,8 @@ def test_labels_through_reshapes_heads_einsum_pooling(method):
         ("score_norm", ["batch", "head", "sequence", "sequence"], ["sequence"]),
         ("ln_merged", ["batch", "sequence", "feature"], ["feature"]),
         ("gn", ["batch", "channel", "height", "width"], ["channel", "height", "width"]),
-        ("ln_patch", ["batch", "height*width", "channel"], ["channel"]),
-        ("ln_back", ["batch", "height", "width", "channel"], ["channel"]),
+        ("ln_patch", ["batch", "height*width", "feature"], ["feature"]),  # patch tokens: as_tokens
+        ("ln_back", ["batch", "height", "width", "feature"], ["feature"]),  # the same token embedding, as a grid
     ]
 
 
@@ -383,3 +383,39 @@ def test_in_place_write_into_a_buffer_keeps_the_source_layout_under_symbolic_tra
 
     got = _site_axes(Combine(), (torch.randn(2, 4, 16),), "symbolic_trace")
     assert got == [("norm", ["unknown", "unknown", "feature"], ["feature"])]
+
+
+class _PatchTokens(nn.Module):
+    """ViT-style: patch conv, flatten(2).transpose(1, 2), blocks of LayerNorm + Linear on the residual stream."""
+
+    def __init__(self, dim: int = 32):
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, 8, stride=8)
+        self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(2))
+        self.fcs = nn.ModuleList(nn.Linear(dim, dim) for _ in range(2))
+
+    def forward(self, x):
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        for norm, fc in zip(self.norms, self.fcs):
+            x = x + fc(norm(x))
+        return x
+
+
+def test_patch_tokens_are_features_in_every_layer(rules):
+    """The first block's norm reads the patch embedding, the second the stream after a Linear: both normalise
+    the token embedding, one label (was channel then feature)."""
+    r = audit_model(_PatchTokens(), (torch.randn(2, 3, 32, 32),), rules=rules)
+    assert [(s.module, s.normalized_axes) for s in r.sites] == [("norms.0", ["feature"]), ("norms.1", ["feature"])]
+
+
+def test_hf_vit_norms_all_normalise_features(rules, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.ViTConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                 image_size=32, patch_size=8)
+    with torch.device("meta"):
+        model = transformers.ViTModel(cfg, add_pooling_layer=False)
+    r = audit_model(model, rules=rules, on_meta=True)
+    assert {s.module: s.normalized_axes for s in r.sites} == {
+        "layers.0.layernorm_before": ["feature"], "layers.0.layernorm_after": ["feature"],
+        "layers.1.layernorm_before": ["feature"], "layers.1.layernorm_after": ["feature"],
+        "layernorm": ["feature"]}

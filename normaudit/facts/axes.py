@@ -337,6 +337,22 @@ def _reshape(x: list[Dim], out_shape: Sequence[int]) -> list[Dim]:
     return out
 
 
+def as_tokens(dims: list[Dim]) -> list[Dim]:
+    """Patch tokens: a conv feature map whose spatial grid was flattened into one token axis and moved before
+    its channels, ``(B, C, H, W) -> flatten(2) -> transpose(1, 2) -> (B, H*W, C)`` (ViT patch embedding,
+    Dosovitskiy et al. 2020, arXiv 2010.11929, eq. 1), carries each token's embedding: its last dim is a
+    ``feature`` axis, as the same axis is after every block's Linear layers, so identical layers get one
+    label. A channels-last map that keeps ``H`` and ``W`` apart (ConvNeXt's ``permute(0, 2, 3, 1)``) keeps
+    its ``channel`` axis."""
+    if len(dims) < 3 or _names(dims[-1]) != ["channel"]:
+        return dims
+    grid = any(len({n for names, _ in d for n in names if n in SPATIAL}) >= 2
+               and not any(PATCH in names for names, _ in d) for d in dims[:-1])
+    if not grid:
+        return dims
+    return dims[:-1] + [tuple((("feature",), size) for _, size in dims[-1])]
+
+
 def _permute(x: list[Dim], perm: Sequence[int]) -> list[Dim]:
     rank = len(x)
     return [x[int(p) % rank] for p in perm]
@@ -693,7 +709,7 @@ def _transfer(node: fx.Node, cap: Capture, env: dict, params: Optional[set] = No
     if name == "permute" or raw == "permute":
         dims = _dims_arg(node, 1, "dims")
         if dims is not None and len(dims) == rank:
-            return _permute(x, dims)
+            return as_tokens(_permute(x, dims))
     if name == "transpose":
         if raw in ("t", "numpy_T") or (rank == 2 and len(node.args) == 1 and not node.kwargs):
             return list(reversed(x)) if rank == 2 else list(x)
@@ -702,7 +718,7 @@ def _transfer(node: fx.Node, cap: Capture, env: dict, params: Optional[set] = No
             labs = list(x)
             a, b = d0 % rank, d1 % rank
             labs[a], labs[b] = labs[b], labs[a]
-            return labs
+            return as_tokens(labs)
     if name == "movedim":
         src, dst = arg(node, 1, "source", None), arg(node, 2, "destination", None)
         if isinstance(src, int):
