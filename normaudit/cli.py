@@ -246,7 +246,7 @@ def check_writable(path: str, what: str = "output") -> None:
     """Raise UsageError unless ``path`` can be created or overwritten (checked before the audit runs)."""
     p = Path(path)
     if p.is_dir():
-        raise UsageError(f"cannot write {what}: is a directory", file=path)
+        raise UsageError(f"cannot write {what} to {path!r}: it is a directory")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise UsageError(f"cannot write {what}: directory {str(parent)!r} does not exist", file=path)

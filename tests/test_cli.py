@@ -158,6 +158,9 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     (tmp_path / "raises.py").write_text("from torch import nn\n\ndef build_model():\n    return nn.GroupNorm(3, 4)\n")
     (tmp_path / "bad.json").write_text('{"layer_norm_eps": 1e-5,\n "x": }\n')
     (tmp_path / "bad.yaml").write_text("a: 1\nb: [1, 2\n")
+    (tmp_path / "loop_a.pt").symlink_to("loop_b.pt")
+    (tmp_path / "loop_b.pt").symlink_to("loop_a.pt")
+    (tmp_path / "gone.py").symlink_to("nothere.py")
     rules = tmp_path / "badrules"
     rules.mkdir()
     (rules / "NZ777-x.yaml").write_text("id: NZ777\nname: x\ncategory: eps\nseverity: [error\nwhen: 'True'\n")
@@ -179,7 +182,10 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         "bad config YAML": ([tiny, "--config", str(tmp_path / "bad.yaml")], "bad.yaml:3: invalid YAML"),
         "missing config": ([tiny, "--config", str(tmp_path / "none.yaml")], "none.yaml: config file not found"),
         "unwritable -o": ([tiny, "-o", str(tmp_path / "no" / "dir" / "out.txt")], "out.txt: cannot write output"),
-        "-o is a directory": ([tiny, "--format", "json", "-o", str(tmp_path)], "cannot write output: is a directory"),
+        "-o is a directory": ([tiny, "--format", "json", "-o", str(tmp_path)],
+                              f"cannot write output to {str(tmp_path)!r}: it is a directory"),
+        "symbolic link loop": ([str(tmp_path / "loop_a.pt")], "loop_a.pt: symbolic link loop"),
+        "dangling link": ([str(tmp_path / "gone.py")], "gone.py: dangling symbolic link to 'nothere.py'"),
         "bad rule file": ([tiny, "--rules", str(rules)], "NZ777-x.yaml:5: invalid YAML in rule file"),
         "incomplete rule file": ([tiny, "--rules", str(rules2)], "NZ776-y.yaml: rule field 'doc': Field required"),
         "missing rules dir": ([tiny, "--rules", str(tmp_path / "nodir")], "rules directory not found"),
@@ -199,7 +205,7 @@ def _bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     "missing named factory", "factory raises", "bad config JSON", "bad config YAML", "missing config",
     "unwritable -o", "-o is a directory", "bad rule file", "incomplete rule file", "missing rules dir", "bad baseline",
     "bad settings value", "unknown --select", "bad --input-axes", "bad --batch-size", "bad --dtype",
-    "two formats on stdout", "unknown module target",
+    "two formats on stdout", "unknown module target", "symbolic link loop", "dangling link",
 ])
 def test_bad_input_is_one_line_and_exit_2(name, capsys, tmp_path, tiny):
     argv, expected = _bad_inputs(tmp_path)[name]

@@ -68,11 +68,25 @@ def load_checkpoint_target(path: Path) -> ModelUnderAudit:
     return checkpoint_target(path)
 
 
+def _broken_link(path: Path) -> str:
+    """Why a symbolic link does not lead to a file: a loop of links, or a dangling one."""
+    try:
+        path.resolve(strict=True)
+    except RuntimeError:
+        return "symbolic link loop (the link leads back to itself), not a file"
+    except OSError as err:
+        if getattr(err, "errno", None) == 40:  # ELOOP
+            return "symbolic link loop (the link leads back to itself), not a file"
+    return f"dangling symbolic link to {os.readlink(path)!r}: no such file"
+
+
 def load_model(target: str) -> ModelUnderAudit:
     """Build the model named by ``target`` (see the module docstring). Raises UsageError for bad targets."""
     from normaudit.target.pyfile import load_python_target, split_target
 
     path, _ = split_target(target)
+    if path.is_symlink() and not path.exists():
+        raise UsageError(_broken_link(path), file=str(path))
     if path.suffix == ".py" and not path.exists():
         raise UsageError("no such file or directory", file=str(path))
     if path.suffix == ".py" or (path.is_file() and path.suffix == ""):
