@@ -79,8 +79,11 @@ class _SafetensorsReader:
             self._f = safe_open(str(path), framework="pt")
         except (SafetensorError, OSError) as e:
             self._fh.close()
-            raise UsageError(f"unreadable safetensors file: the safetensors library refuses it: {_one_line(e)}",
-                             file=str(path)) from None
+            # The header was parsed and checked above, so the library's "invalid JSON in header" means an
+            # entry it does not accept (an unknown dtype), not JSON that does not parse.
+            why = _one_line(e).replace("Error while deserializing header: invalid JSON in header: ", "")
+            raise UsageError(f"unreadable safetensors file: its header is valid JSON, but the safetensors library "
+                             f"refuses an entry: {why}", file=str(path)) from None
         except BaseException:
             self._fh.close()
             raise
@@ -121,11 +124,14 @@ class _SafetensorsReader:
         for key, entry in header.items():
             try:
                 start, end = entry["data_offsets"]
-                entry["dtype"], entry["shape"]  # noqa: B018 - presence check
+                shape = entry["shape"]
+                assert isinstance(entry["dtype"], str)
+                assert isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
                 assert isinstance(start, int) and isinstance(end, int) and 0 <= start <= end
             except (TypeError, KeyError, ValueError, AssertionError):
                 raise UsageError(f"corrupted safetensors header: entry {key!r} lacks a valid dtype, shape or "
-                                 f"data_offsets: expected data_offsets [start, end] with 0 <= start <= end, found "
+                                 f"data_offsets: expected a dtype name, a shape of non-negative sizes and "
+                                 f"data_offsets [start, end] with 0 <= start <= end, found "
                                  f"{_one_line(json.dumps(entry), 120)}", file=str(path)) from None
             self._offsets[key] = (start, end)
         data_len = max((end for _, end in self._offsets.values()), default=0)
