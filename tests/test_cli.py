@@ -288,7 +288,9 @@ def test_docstring_examples():
 def test_json_stdout_survives_fd_writes_and_torch_logs(tmp_path):
     """User code writing to file descriptor 1, and torch logging tracebacks for a model that cannot be
     captured, must not corrupt the one JSON document on stdout nor put a traceback on stderr. (Inputs that
-    do not fit the model at all are exit 2: tests/test_bad_models.py.)"""
+    do not fit the model at all are exit 2: tests/test_bad_models.py.) The data-dependent branch is never
+    taken on the example inputs (the capture by parts runs the forward once for real and must not reach the
+    norm, else the result would depend on the random inputs)."""
     import json
     import subprocess
     import sys
@@ -299,7 +301,7 @@ def test_json_stdout_survives_fd_writes_and_torch_logs(tmp_path):
                      "    return Noisy()\n"
                      "class Noisy(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
                      "        self.norm = nn.LayerNorm(4)\n"
-                     "    def forward(self, x):\n        return self.norm(x) if x.sum() > 0 else x\n"
+                     "    def forward(self, x):\n        return self.norm(x) if x.sum() > 1e9 else x\n"
                      "def example_inputs():\n    return (torch.randn(2, 4),)\n")
     proc = subprocess.run([sys.executable, "-m", "normaudit", str(model), "--format", "json"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)

@@ -150,7 +150,9 @@ def test_uncapturable_model_falls_back_to_module_walk():
             self.fc = nn.Linear(8, 8)
 
         def forward(self, x):
-            if x.sum() > 0:  # data-dependent control flow: neither tracer can follow it
+            # data-dependent control flow: neither tracer can follow it; never taken on the example inputs, so
+            # the capture by parts (one real forward) does not reach the norm either (deterministic)
+            if x.sum() > 1e9:
                 return self.norm(self.fc(x))
             return self.fc(x)
 
