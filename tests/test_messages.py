@@ -21,6 +21,8 @@ from normaudit.cli import main
 from normaudit.suppress import scan_source
 
 FIXTURES = Path(__file__).parent / "fixtures" / "messages"
+#: The bad-inputs suppression case, one copy shared with tests/test_bad_models.py.
+BAD_MODELS = Path(__file__).parent / "data" / "bad_models"
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
@@ -39,7 +41,7 @@ def one_line_error(err: str) -> str:
 
 def copy_fixture(name: str, tmp_path: Path) -> Path:
     path = tmp_path / name
-    shutil.copy(FIXTURES / name, path)
+    shutil.copy((FIXTURES if (FIXTURES / name).exists() else BAD_MODELS) / name, path)
     return path
 
 
