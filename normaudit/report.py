@@ -97,7 +97,7 @@ class WeightStats(_Model):
 
 class SizeProbe(_Model):
     """A site in the second capture, made with the spatial/sequence sizes of the inputs changed
-    (``normaudit.facts.probes.size_probe``).
+    (``normaudit.probes.size.size_probe``).
 
     ``resize`` says what changed (``"height 16->20, width 16->20"``); ``input_shape`` is the site's input
     shape at the new size (None when the run failed before or at the site); ``changed_dims`` the dims of the
@@ -114,7 +114,7 @@ class SizeProbe(_Model):
 
 
 class BatchProbe(_Model):
-    """Batch-independence probe (``--probe batch``, ``normaudit.facts.probes.batch_probe``): the model runs in
+    """Batch-independence probe (``--probe batch``, ``normaudit.probes.batch.batch_probe``): the model runs in
     train mode on a small real batch twice, with example 0 the same and the other examples different, and
     example 0's input to this site pinned to the same values.
 

@@ -1,4 +1,4 @@
-"""Axis provenance (normaudit.facts.axes), the size probe (normaudit.facts.probes) and the layout rules NL1xx.
+"""Axis provenance (normaudit.facts.axes), the size probe (normaudit.probes.size) and the layout rules NL1xx.
 
 Exact modules, axes and values are asserted. The rule fixtures live in tests/fixtures/layout/<ID>_<n>.py: each
 declares ``EXPECT`` (rule id -> the exact modules it must flag), ``NOT_FLAGGED`` (sites that must exist and stay
@@ -20,7 +20,7 @@ from normaudit.audit import AuditOptions, run_audit
 from normaudit.capture import capture_model
 from normaudit.engine.loader import builtin_rules_dir, load_rule_file
 from normaudit.facts import axes as axes_pass
-from normaudit.facts import probes as probes_pass
+from normaudit.probes import size as probes_pass
 from normaudit.facts.sites import discover_sites
 
 from conftest import audit_model, flagged, site

@@ -1,5 +1,5 @@
 """BatchNorm/GroupNorm/InstanceNorm facts (normaudit.facts.batchnorm), the batch-independence probe
-(normaudit.facts.probes.batch_probe) and the batchnorm rules NB1xx, with exact modules and values.
+(normaudit.probes.batch.batch_probe) and the batchnorm rules NB1xx, with exact modules and values.
 
 Rule fixtures: tests/fixtures/batchnorm/<ID>_<n>.py (format in test_axes.py).
 """
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from normaudit.facts import probes as probes_pass
+from normaudit.probes import batch as probes_pass
 from normaudit.facts.batchnorm import groupnorm_config_problems
 
 from conftest import CASES, audit_file, audit_model, flagged, site

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from normaudit.facts import reference as ref
-from normaudit.facts.probe import probe_formula, probe_half_precision
+from normaudit.probes import reference as ref
+from normaudit.probes.formula import probe_formula, probe_half_precision
 from normaudit.report import Formula
 
 D = 8

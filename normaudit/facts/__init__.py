@@ -13,13 +13,13 @@ from typing import Any, Optional
 from normaudit.capture import Capture
 from normaudit.facts import axes as axes_pass
 from normaudit.facts import batchnorm as batchnorm_pass
-from normaudit.facts import probes as probes_pass
 from normaudit.facts import placement
 from normaudit.facts import formula as formula_pass
 from normaudit.facts import eps as eps_pass
 from normaudit.facts import weights as weights_pass
 from normaudit.facts.sites import SiteRecord, discover_sites, walk_modules
 from normaudit.report import ModelFacts, SourceLocation
+from normaudit import probes as probes_pass
 
 
 @dataclass

@@ -17,12 +17,12 @@ For every LayerNorm/RMSNorm-like site (and the fused BatchNorm/GroupNorm/Instanc
 - ``stats_dtype``: the dtype the squares/variance are held in at the audited ``--dtype``; ``eps_dtype``: the
   dtype of the tensor eps is added to (what decides whether a tiny eps rounds to 0).
 - ``confirmed``: None when only the graph was read; True/False when the site's module was run alone
-  (:func:`normaudit.facts.probe.probe_formula`) and a reference formula did / did not reproduce it.
+  (:func:`normaudit.probes.formula.probe_formula`) and a reference formula did / did not reproduce it.
   ``eps_measured``/``eps_matches``/``max_error`` come from that probe; ``upcast`` is then measured by
-  :func:`normaudit.facts.probe.probe_half_precision` in float16 (the only half dtype whose squares overflow),
+  :func:`normaudit.probes.formula.probe_half_precision` in float16 (the only half dtype whose squares overflow),
   and ``constant_row_finite`` in ``--dtype`` when it is half (else float16).
 - ``notes``: where the probe overrode the graph, or why the module was not probed.
-- ``text``: :func:`normaudit.facts.reference.formula_text`.
+- ``text``: :func:`normaudit.probes.reference.formula_text`.
 
 Graph first: fused ops give their facts from the op; hand-written norms from the site's nodes and the hints
 of :mod:`normaudit.facts.sites`. Then a site whose module is a small norm module (every parameter the size of
@@ -36,7 +36,7 @@ Example::
 
     >>> import torch
     >>> from normaudit.report import Formula
-    >>> from normaudit.facts.reference import formula_text
+    >>> from normaudit.probes.reference import formula_text
     >>> formula_text("RMSNorm", Formula(variance="mean_square", gain="one_plus_weight", bias=False), ["feature"])
     'RMSNorm: x / sqrt(mean(x^2) + eps) * (1 + w) over [feature]'
 """
@@ -51,8 +51,8 @@ from torch import fx, nn
 
 from normaudit.capture.ir import NEUTRAL_OPS, arg, dtype, op_name, owner, reduction, scalar_operand, strip_neutral
 from normaudit.capture.ir import shape as node_shape
-from normaudit.facts.probe import probe_formula, probe_half_precision
-from normaudit.facts.reference import formula_text
+from normaudit.probes.formula import probe_formula, probe_half_precision
+from normaudit.probes.reference import formula_text
 from normaudit.facts.sites import SiteRecord
 from normaudit.report import Formula
 

@@ -1,6 +1,4 @@
-"""Dynamic probes: run the model again, and see what each norm does when something else changes.
-
-**Size probe** (:func:`size_probe`; on by default for graphs of up to :data:`SIZE_PROBE_MAX_NODES` nodes,
+"""Size probe (:func:`size_probe`; on by default for graphs of up to :data:`SIZE_PROBE_MAX_NODES` nodes,
 ``--probe size`` forces it). The model runs a second time on fake tensors with every spatial or sequence
 axis of its inputs (as labelled by :mod:`normaudit.facts.axes`) resized to a size that keeps every stride
 in the graph integral (patch sizes, pooling, windows) and differs from every channel/feature count in the
@@ -10,23 +8,10 @@ by an eager run of the fake model with module hooks. A site is *tied to the inpu
 normalises (LayerNorm/RMSNorm) or keeps per channel (BatchNorm/GroupNorm/InstanceNorm dim 1) changes size,
 or when the run fails at that norm only at the new size. Facts: ``site.size_probe``
 (:class:`normaudit.report.SizeProbe`).
-
-**Batch-independence probe** (:func:`batch_probe`, opt-in: ``--probe batch``). Layer normalisation's
-central property is that each example is normalised by its own statistics, independent of the other
-examples in the batch (Ba, Kiros, Hinton 2016, arXiv 1607.06450, section 3); batch normalisation's
-training-mode output depends on them by design (Ioffe & Szegedy 2015, arXiv 1502.03167). The probe makes
-it executable: a small real copy of the model (materialised from the meta model, parameters initialised
-deterministically; refused above :data:`BATCH_PROBE_MAX_PARAMS` parameters; never on fake tensors) runs in
-train mode on a batch of :data:`PROBE_BATCH` twice, example 0 identical and the other examples different,
-with the same random seed (so dropout masks agree). A forward pre-hook pins example 0's input of every
-site module to its value in the first run, so a change in example 0's output is caused by that site alone.
-Facts: ``site.batch_probe`` (:class:`normaudit.report.BatchProbe`), with the measured maximum absolute
-change of example 0's output.
 """
 from __future__ import annotations
 
 import contextlib
-import copy
 import itertools
 import math
 import time
@@ -38,11 +23,11 @@ from torch import fx, nn
 
 from normaudit.capture import Capture, fake_inputs
 from normaudit.capture.ir import owner, shape
-from normaudit.report import BatchProbe, SizeProbe
+from normaudit.probes.common import axis_dims as _axis_dims
+from normaudit.probes.common import one_line as _one_line, quiet as _quiet
+from normaudit.report import SizeProbe
 
 SIZE_PROBE_MAX_NODES = 1500
-BATCH_PROBE_MAX_PARAMS = 50_000_000
-PROBE_BATCH = 4
 RESIZABLE = ("sequence", "height", "width", "depth")
 CHANNELWISE = ("BatchNorm", "GroupNorm", "InstanceNorm")
 
@@ -54,10 +39,6 @@ class ResizePlan:
     sizes: dict[tuple[str, int], int]
     text: str
     per_input: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # input -> [(dim, new size)]
-
-
-def _axis_dims(node: fx.Node) -> Any:
-    return (node.meta.get("normaudit") or {}).get("axis_dims")
 
 
 def _two_adic(n: int) -> int:
@@ -176,16 +157,6 @@ def _fake_mode(root: nn.Module):
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
-def _one_line(exc: BaseException) -> str:
-    """One line of what was raised: the exception type and message, without fx's "While executing" and
-    traceback additions, at most 240 characters."""
-    text = " ".join(str(exc).split())
-    text = text.split(" While executing ")[0].strip()
-    if len(text) > 240:
-        text = text[:237] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 class _ShapeRecorder(fx.Interpreter):
     """Re-runs a symbolically traced graph and records each node's output shape (the graph is not touched)."""
 
@@ -272,13 +243,6 @@ def _probe_symbolic(cap: Capture, records: list, fake_args: tuple, plan: ResizeP
         notes.append(f"size probe: at {plan.text} the model fails at {where} ({failed_node.format_node()}), "
                      f"not at a norm: {failure}; later sites not measured")
     return notes, tied
-
-
-def _first_tensor(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
-    for a in list(args) + list(kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            return a
-    return None
 
 
 _FUSED = ("layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm", "local_response_norm")
@@ -447,282 +411,3 @@ def size_probe(ctx: Any, records: list) -> list[str]:
     head = (f"size probe: re-ran the model with {plan.text} ({'graph re-interpreted' if cap.method == 'symbolic_trace' and not isinstance(ctx.inputs, dict) else 'eager run on fake tensors'}, "
             f"{took:.2f} s); {tied} of {len(records)} site(s) tied to the input size")
     return [head] + notes
-
-
-@contextlib.contextmanager
-def _quiet():
-    import logging
-    import warnings
-
-    logger = logging.getLogger("torch")
-    old = logger.level
-    logger.setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            yield
-        finally:
-            logger.setLevel(old)
-
-
-# ============================================================================================ batch probe
-def materialise(model: nn.Module, seed: int = 0) -> nn.Module:
-    """A real CPU copy of ``model`` for probing (the argument is never modified).
-
-    A model with meta (or fake) tensors is copied and given storage with ``to_empty(device="cpu")``; then
-    every module's ``reset_parameters()`` runs under ``torch.manual_seed(seed)``, and what no module reset
-    is filled by name: 1-D ``weight``/``gamma``/``scale``/``g`` -> 1, ``bias``/``beta``/``b`` -> 0, other
-    parameters N(0, 0.02^2), floating buffers 0 (rotary ``inv_freq`` 0: no rotation), integer buffers 0.
-    A real model is deep-copied as is. Raises what ``to_empty`` or a ``reset_parameters`` raises.
-    """
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    m = copy.deepcopy(model)
-    tensors = list(itertools.chain(m.parameters(), m.buffers()))
-    if not any(t.is_meta or isinstance(t, FakeTensor) for t in tensors):
-        return m
-    m.to_empty(device="cpu")
-    gen_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        with torch.no_grad():
-            for t in m.parameters():
-                t.fill_(float("nan")) if t.is_floating_point() else None
-            for b in m.buffers():
-                if b.is_floating_point():
-                    b.fill_(float("nan"))
-                elif b.dtype != torch.bool:
-                    b.fill_(-7919)
-            for mod in m.modules():
-                reset = getattr(mod, "reset_parameters", None)
-                if callable(reset):
-                    try:
-                        reset()
-                    except Exception:  # noqa: BLE001 - fall back to the name-based fill below
-                        pass
-            for name, p in m.named_parameters():
-                if not p.is_floating_point() or not torch.isnan(p).any():
-                    continue
-                leaf = name.rsplit(".", 1)[-1].lower()
-                if p.dim() <= 1 and leaf in ("weight", "gamma", "scale", "g", "alpha", "a_2", "gain"):
-                    p.fill_(1.0)
-                elif p.dim() <= 1 and leaf in ("bias", "beta", "b", "b_2", "shift"):
-                    p.zero_()
-                else:
-                    p.normal_(0.0, 0.02)
-            for b in m.buffers():
-                if b.is_floating_point() and torch.isnan(b).any():
-                    b.zero_()
-                elif not b.is_floating_point() and b.dtype != torch.bool and (b == -7919).any():
-                    b.zero_()
-    finally:
-        torch.random.set_rng_state(gen_state)
-    return m
-
-
-def _batch_dims(cap: Capture) -> dict[str, Optional[int]]:
-    out: dict[str, Optional[int]] = {}
-    for n in cap.gm.graph.nodes if cap.gm is not None else ():
-        if n.op == "placeholder" and n.name in cap.user_inputs:
-            dims = _axis_dims(n)
-            out[n.name] = next((k for k, d in enumerate(dims or []) if d[0][0] == ("batch",)), None) \
-                if isinstance(dims, list) else None
-    return out
-
-
-def _other_rows(row0: torch.Tensor, dim: int, count: int, variant: int) -> torch.Tensor:
-    """``count`` examples unlike ``row0`` (floats: random with row 0's mean and spread; integers: row 0's
-    values rolled along the last axis, so ids stay in range and all-ones masks stay all ones)."""
-    g = torch.Generator().manual_seed(1000 + variant)
-    rows = []
-    for j in range(count):
-        if row0.is_floating_point():
-            std = float(row0.float().std()) if row0.numel() > 1 else 1.0
-            std = std if math.isfinite(std) and std > 0 else 1.0
-            r = torch.randn(row0.shape, generator=g, dtype=torch.float32) * std + float(row0.float().mean())
-            rows.append(r.to(row0.dtype))
-        elif row0.dtype == torch.bool or row0.dim() == 0:
-            rows.append(row0.clone())
-        else:
-            shift = 1 + variant * (count + 1) + j
-            rows.append(torch.roll(row0, shifts=shift % max(row0.shape[-1], 1), dims=-1))
-    return torch.cat(rows, dim=dim)
-
-
-def _probe_batches(inputs: Any, user_inputs: list[str], batch_dims: dict[str, Optional[int]]) -> tuple[Any, Any]:
-    """Two batches of :data:`PROBE_BATCH` examples sharing example 0 (the first example of ``inputs``)."""
-    def make(name: str, t: Any, variant: int) -> Any:
-        d = batch_dims.get(name)
-        if not isinstance(t, torch.Tensor) or d is None or d >= t.dim():
-            return t
-        row0 = t.narrow(d, 0, 1)
-        return torch.cat([row0, _other_rows(row0, d, PROBE_BATCH - 1, variant)], dim=d)
-
-    if isinstance(inputs, dict):
-        return ({k: make(k, v, 1) for k, v in inputs.items()}, {k: make(k, v, 2) for k, v in inputs.items()})
-    names = [user_inputs[i] if i < len(user_inputs) else "" for i in range(len(inputs))]
-    return (tuple(make(n, v, 1) for n, v in zip(names, inputs)), tuple(make(n, v, 2) for n, v in zip(names, inputs)))
-
-
-def _call(model: nn.Module, args: Any) -> Any:
-    a, kw = ((), dict(args)) if isinstance(args, dict) else (tuple(args), {})
-    if getattr(getattr(model, "config", None), "use_cache", None) is not None:
-        kw.setdefault("use_cache", False)
-    return model(*a, **kw)
-
-
-def _out_tensor(out: Any) -> Optional[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-        return out[0]
-    return None
-
-
-def batch_probe(ctx: Any, records: list, env: dict) -> list[str]:
-    """Run the batch-independence probe (module docstring); sets ``site.batch_probe``; returns notes.
-
-    ``env`` is the axis pass's node -> labels map (the batch axis of each site's input). Never raises: a
-    model that cannot be materialised or run leaves the sites unmeasured, with a note.
-    """
-    cap = ctx.cap
-    model = ctx.probe_model
-    if model is None or cap.gm is None or ctx.inputs is None:
-        return ["batch probe skipped: no capture or no example inputs"]
-    n_params = sum(p.numel() for p in model.parameters())
-    if n_params > BATCH_PROBE_MAX_PARAMS:
-        return [f"batch probe skipped: the model has {n_params / 1e6:.0f}M parameters (limit "
-                f"{BATCH_PROBE_MAX_PARAMS // 1_000_000}M); run it on a smaller configuration of the same code"]
-    batch_dims = _batch_dims(cap)
-    if not any(d is not None for d in batch_dims.values()):
-        return ["batch probe skipped: no model input has a batch axis"]
-    t0 = time.perf_counter()
-    try:
-        real = materialise(model)
-    except Exception as exc:  # noqa: BLE001
-        return [f"batch probe skipped: the model could not be materialised ({_one_line(exc)})"]
-    real.train()
-    xa, xb = _probe_batches(ctx.inputs, list(cap.user_inputs), batch_dims)
-    modules = dict(real.named_modules())
-    site_paths = {r.site.module for r in records}
-    measured: dict[str, tuple[int, list]] = {}   # path -> (batch dim, [per-call site])
-    for rec in records:
-        s = rec.site
-        labels = env.get(rec.input) if rec.input is not None else None
-        bd = next((k for k, lab in enumerate(labels) if "batch" in lab), None) if isinstance(labels, list) else None
-        note = None
-        if not s.module:
-            note = "not measured: a norm in the model's own forward"
-        elif s.module not in modules:
-            note = "not measured: module not found in the copy"
-        elif any(p != s.module and p.startswith(s.module + ".") for p in site_paths):
-            note = "not measured: the module contains other norms"
-        elif bd is None:
-            note = "not measured: the site's input has no batch axis"
-        s.batch_probe = BatchProbe(batch_size=PROBE_BATCH, note=note)
-        if note is None:
-            measured.setdefault(s.module, (bd, []))
-    if not measured:
-        return ["batch probe: no site could be measured"]
-
-    record_a: dict[str, list] = {p: [] for p in measured}
-    record_b: dict[str, list] = {p: [] for p in measured}
-    state = {"phase": "a"}
-
-    def make_hooks(path: str, bd: int):
-        def pre(m, args, kwargs):
-            if state["phase"] != "b":
-                t = _first_tensor(args, kwargs)
-                record_a[path].append([t.detach().clone() if t is not None else None, None])
-                return None
-            k = len(record_b[path])
-            record_b[path].append([None, None])
-            ref = record_a[path][k][0] if k < len(record_a[path]) else None
-            t = _first_tensor(args, kwargs)
-            if ref is None or t is None or t.shape != ref.shape or t.dim() <= bd:
-                return None
-            pinned = t.clone()
-            pinned.narrow(bd, 0, 1).copy_(ref.narrow(bd, 0, 1))
-            args = tuple(pinned if a is t else a for a in args)
-            kwargs = {key: (pinned if v is t else v) for key, v in kwargs.items()}
-            return args, kwargs
-
-        def post(m, args, kwargs, out):
-            o = _out_tensor(out)
-            rec_list = record_a[path] if state["phase"] != "b" else record_b[path]
-            if rec_list:
-                rec_list[-1][1] = o.detach().clone() if o is not None else None
-            return None
-
-        return pre, post
-
-    handles = []
-    for path, (bd, _) in measured.items():
-        pre, post = make_hooks(path, bd)
-        handles.append(modules[path].register_forward_pre_hook(pre, with_kwargs=True))
-        handles.append(modules[path].register_forward_hook(post, with_kwargs=True))
-    buffers = {k: v.detach().clone() for k, v in real.state_dict(keep_vars=True).items()}
-    rng = torch.random.get_rng_state()
-    try:
-        with torch.no_grad(), _quiet():
-            torch.manual_seed(0)
-            _call(real, xa)
-            real.load_state_dict(buffers, strict=False)
-            state["phase"] = "b"
-            torch.manual_seed(0)
-            _call(real, xb)
-    except Exception as exc:  # noqa: BLE001
-        for rec in records:
-            if rec.site.batch_probe is not None and rec.site.batch_probe.note is None:
-                rec.site.batch_probe.note = "not measured: the model failed in the probe run"
-        return [f"batch probe failed: the model does not run on a real batch of {PROBE_BATCH} in train mode "
-                f"({_one_line(exc)})"]
-    finally:
-        for h in handles:
-            h.remove()
-        torch.random.set_rng_state(rng)
-    coupled = 0
-    for rec in records:
-        s = rec.site
-        if s.batch_probe is None or s.batch_probe.note is not None or s.module not in measured:
-            continue
-        bd = measured[s.module][0]
-        k = s.call_index
-        a = record_a[s.module][k][1] if k < len(record_a[s.module]) else None
-        b = record_b[s.module][k][1] if k < len(record_b[s.module]) else None
-        if a is None or b is None or a.shape != b.shape or a.dim() <= bd or not a.is_floating_point():
-            s.batch_probe.note = "not measured: no comparable tensor output"
-            continue
-        a0, b0 = a.narrow(bd, 0, 1).double(), b.narrow(bd, 0, 1).double()
-        change = float((a0 - b0).abs().max()) if a0.numel() else 0.0
-        scale = float(a0.abs().max()) if a0.numel() else 0.0
-        tol = 1e-6 * max(1.0, scale)
-        s.batch_probe.row0_max_change = change
-        s.batch_probe.row0_scale = scale
-        s.batch_probe.tolerance = tol
-        s.batch_probe.coupled = not (change <= tol)
-        coupled += bool(s.batch_probe.coupled)
-    took = time.perf_counter() - t0
-    return [f"batch probe: {PROBE_BATCH} examples in train mode, example 0 fixed ({took:.2f} s); "
-            f"{coupled} site(s) couple examples"]
-
-
-# ============================================================================================ entry point
-def run(ctx: Any, records: list, env: dict) -> list[str]:
-    """Run the probes ``ctx.options`` asks for (``probes``: ``size`` forces the size probe, ``batch`` runs the
-    batch probe); the size probe also runs by default on graphs of up to :data:`SIZE_PROBE_MAX_NODES` nodes.
-    Returns notes for the report."""
-    cap = ctx.cap
-    if cap.gm is None or not records:
-        return []
-    probes = list((ctx.options or {}).get("probes") or [])
-    notes: list[str] = []
-    n_nodes = len(cap.gm.graph.nodes)
-    if "size" in probes or n_nodes <= SIZE_PROBE_MAX_NODES:
-        notes += size_probe(ctx, records)
-    else:
-        notes.append(f"size probe skipped: the graph has {n_nodes} nodes (default limit {SIZE_PROBE_MAX_NODES}); "
-                     f"'--probe size' runs it")
-    if "batch" in probes:
-        notes += batch_probe(ctx, records, env)
-    return notes

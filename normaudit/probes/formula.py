@@ -10,7 +10,7 @@ form and the bias are identifiable:
   ``y0`` = ``y1 - y0`` -> gain ``one_plus_weight`` (``y = n(x) * (1 + w)``, Gemma).
 
 With gains made neutral and biases 0 the output is the bare normalised ``x``, compared against every
-:data:`normaudit.facts.reference.VARIANTS` on rows crafted so the variants differ: a random row with a
+:data:`normaudit.probes.reference.VARIANTS` on rows crafted so the variants differ: a random row with a
 non-zero mean at scales 1e4 ... 1e-12 (the smallest scales put the variance below eps, where eps inside and
 outside the sqrt differ by orders of magnitude, and an inverted form scales with the input), a constant row
 (0 after mean subtraction, ±1 without), a one-hot row and a row with one large element. With ``N``
@@ -36,7 +36,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from normaudit.facts.reference import VARIANTS, Variant, formula_text
+from normaudit.probes.reference import VARIANTS, Variant, formula_text
 from normaudit.report import Formula
 
 

@@ -2,7 +2,7 @@
 
 Every function takes ``x`` (any shape; computed in float64), ``dims`` (the normalised dims, negative allowed)
 and ``eps`` (a non-negative float) and returns a tensor of ``x``'s shape with no gain or bias applied:
-the gain form is applied separately by :func:`apply_gain`, so the probe (``normaudit.facts.probe``) can
+the gain form is applied separately by :func:`apply_gain`, so the probe (``normaudit.probes.formula``) can
 identify it on its own. :data:`VARIANTS` enumerates every variant the probe tells apart, each built from
 :func:`normalize`.
 
