@@ -58,7 +58,9 @@ EPS_KEYS: dict[str, tuple[str, ...]] = {
     "LayerNorm": ("layer_norm_eps", "layer_norm_epsilon", "layernorm_eps", "ln_eps", "norm_eps", "norm_epsilon"),
     "RMSNorm": ("rms_norm_eps", "rms_norm_epsilon", "rmsnorm_eps", "norm_eps", "norm_epsilon", "layer_norm_epsilon",
                 "layer_norm_eps"),
-    "GroupNorm": ("group_norm_eps", "group_norm_epsilon", "gn_eps"),
+    # diffusers names the eps of its ResNet/attention GroupNorms norm_eps (UNet2DConditionModel config) and
+    # resnet_eps (its blocks' arguments)
+    "GroupNorm": ("group_norm_eps", "group_norm_epsilon", "gn_eps", "resnet_eps", "norm_eps", "norm_epsilon"),
     "BatchNorm": ("batch_norm_eps", "batch_norm_epsilon", "bn_eps"),
 }
 #: keys naming the eps of "the norms" of a model without saying which kind; read at the top level only

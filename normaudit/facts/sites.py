@@ -1017,12 +1017,34 @@ def _finish(records: list[SiteRecord]) -> None:
                 s.reduced_dims = reduced_dims_for(s.kind, len(in_shape), n)
             if s.kind == "GroupNorm" and s.num_channels is None and len(in_shape) > 1:
                 s.num_channels = in_shape[1]
+        _resolve_default_eps(s)
         if s.compute_dtype is None and s.input_dtype is not None:
             fused = s.detected_by in ("module", "functional")
             if fused and s.input_dtype in ("float16", "bfloat16"):
                 s.compute_dtype = "float32"
             else:
                 s.compute_dtype = s.input_dtype
+
+
+_FLOAT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+                 "float64": torch.float64}
+
+
+def _resolve_default_eps(site: Site) -> None:
+    """``nn.RMSNorm(d)`` / ``F.rms_norm(x, shape)`` with ``eps=None``: PyTorch substitutes
+    ``torch.finfo(x.dtype).eps`` (torch.nn.RMSNorm docs), so the eps used depends on the input dtype
+    (1.19e-07 in float32, 9.77e-04 in float16, 7.81e-03 in bfloat16). Store that effective value in
+    ``site.eps`` (CONTRACT.md) and keep ``extra["eps_default"]`` saying where it came from."""
+    if site.kind != "RMSNorm" or site.eps is not None or site.detected_by not in ("module", "functional"):
+        return
+    if site.detected_by == "functional" and site.op != "rms_norm":
+        return
+    dt = _FLOAT_DTYPES.get(site.input_dtype or "")
+    if dt is None:
+        return
+    site.eps = float(torch.finfo(dt).eps)
+    site.extra["eps_default"] = "torch.finfo(input dtype).eps"
+    site.extra["eps_default_dtype"] = site.input_dtype
 
 
 def walk_modules(modules: dict[str, nn.Module], origins: Optional[dict[int, SourceLocation]] = None) -> list[SiteRecord]:
