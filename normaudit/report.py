@@ -327,6 +327,20 @@ class Block(_Model):
     norms: dict[str, Placement] = Field(default_factory=dict)
 
 
+class UnusedNorm(_Model):
+    """A norm module registered but never applied by the forward (``normaudit.facts.usage``): ``module`` its
+    ``named_modules()`` path, ``kind`` what its class says it is, ``keys`` its ``state_dict`` keys,
+    ``checkpoint_keys`` the checkpoint's keys for them (with ``--checkpoint``: trained weights the forward
+    skips), ``source`` the line constructing it."""
+
+    module: str
+    class_name: str
+    kind: Kind
+    keys: list[str] = Field(default_factory=list)
+    checkpoint_keys: list[str] = Field(default_factory=list)
+    source: Optional[SourceLocation] = None
+
+
 class ModelFacts(_Model):
     """Model-level facts."""
 
@@ -338,6 +352,8 @@ class ModelFacts(_Model):
     num_residual_adds: int = 0
     blocks: list[Block] = Field(default_factory=list)
     config_source: Optional[str] = None
+    #: norm modules registered (with parameters) that the forward never applies (``normaudit.facts.usage``)
+    unused_norms: list[UnusedNorm] = Field(default_factory=list)
     #: model-level facts of individual passes (e.g. ``groupnorm_config``: GroupNorm groups that do not divide
     #: the channel counts the configuration declares)
     extra: dict[str, Any] = Field(default_factory=dict)

@@ -12,12 +12,16 @@ them are checked against their fixtures by the family tests (tests/fixtures/<fam
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import audit_model, family_rules, site
+from conftest import audit_file, audit_model, family_rules, load_fixture_module, site
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 class _RMSPair(nn.Module):
@@ -47,3 +51,40 @@ def test_rmsnorm_without_eps_reports_the_eps_of_its_dtype(dtype, eps):
     assert default.eps_facts.effective == eps
     # the constructor quoted as written: no eps argument for the default one
     assert default.describe() == "nn.RMSNorm(normalized_shape=[16])"
+
+
+# -- item 1: registered but never applied -------------------------------------------------------------------
+PLACEMENT = FIXTURES / "placement"
+
+
+def test_unused_final_norm_is_named_with_its_checkpoint_keys(tmp_path):
+    """nanoGPT without ln_f in forward: the unused norm by name, its keys in the checkpoint, NP101's fix."""
+    from safetensors.torch import save_file
+
+    spec = load_fixture_module(PLACEMENT / "NP107_1.py")
+    ckpt = tmp_path / "gpt.safetensors"
+    save_file({k: v.contiguous() for k, v in spec.build_model().state_dict().items()}, str(ckpt))
+    r = audit_file(PLACEMENT / "NP107_1.py", family_rules("placement"), checkpoint=str(ckpt))
+    (unused,) = r.model.unused_norms
+    assert (unused.module, unused.class_name, unused.kind) == ("transformer.ln_f", "LayerNorm", "LayerNorm")
+    assert unused.keys == ["transformer.ln_f.weight", "transformer.ln_f.bias"]
+    assert unused.checkpoint_keys == ["transformer.ln_f.weight", "transformer.ln_f.bias"]
+    assert (Path(unused.source.file).name, unused.source.line) == ("NP107_1.py", 13)
+    (np107,) = [f for f in r.findings if f.rule_id == "NP107"]
+    assert "the checkpoint holds its weights (transformer.ln_f.weight, transformer.ln_f.bias)" in np107.message
+    (np101,) = [f for f in r.findings if f.rule_id == "NP101"]
+    assert np101.fix.startswith("apply `transformer.ln_f`, the norm the model registers but never applies, to the "
+                                "stream before lm_head")
+    assert any("registered but never applied by the forward: transformer.ln_f" in n for n in r.notes)
+
+
+def test_np101_fix_without_an_unused_norm_still_says_add():
+    r = audit_file(PLACEMENT / "NP101_1.py", family_rules("placement"))
+    (np101,) = [f for f in r.findings if f.rule_id == "NP101"]
+    assert r.model.unused_norms == [] and np101.fix.startswith("add a final norm after the last block")
+
+
+def test_unreached_tower_is_no_unused_norm():
+    r = audit_file(PLACEMENT / "NP107_3.py", family_rules("placement"))
+    assert r.model.unused_norms == []
+    assert "vision.post_layernorm" in {u.module for u in r.capture.unaudited} | {s.module for s in r.sites}

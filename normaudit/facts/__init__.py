@@ -17,6 +17,7 @@ from normaudit.facts import placement
 from normaudit.facts import formula as formula_pass
 from normaudit.facts import eps as eps_pass
 from normaudit.facts import weights as weights_pass
+from normaudit.facts import usage as usage_pass
 from normaudit.facts.sites import SiteRecord, discover_sites, walk_modules
 from normaudit.report import ModelFacts, SourceLocation
 from normaudit import probes as probes_pass
@@ -84,6 +85,8 @@ def collect_facts(ctx: FactContext) -> Facts:
         records += facts_of_parts(ctx, cap.parts, [])[0]
     notes += weights_pass.analyse(ctx, records)
     eps_pass.analyse(ctx, records)
+    model.unused_norms = usage_pass.unused_norms(ctx, records)
+    notes += [n for n in [usage_pass.unused_note(model.unused_norms)] if n]
     return Facts(records=records, model=model, notes=notes)
 
 

@@ -1,0 +1,96 @@
+"""Norm modules registered but never applied (issue 15 item 1): ``model.unused_norms``.
+
+A port that drops a norm from ``forward`` keeps the module, and its trained weights load without a complaint:
+CLIP's ``post_layernorm`` skipped in a re-implementation, nanoGPT's ``ln_f`` left out of ``GPT.forward``. The
+model runs; the head reads an un-normalised stream. The captured graph shows which modules' forwards ran:
+every node carries the stack of modules it was computed in (``nn_module_stack``; ``call_module`` targets under
+symbolic tracing), and a parameter read outside its module's forward is a ``get_attr`` of its path.
+
+A norm module (as :func:`normaudit.facts.sites.walk_modules` finds them: torch.nn norms by class, hand-written
+ones by a class name with "norm" and 1-D parameters) is *unused* when
+
+- no graph node was computed in it, no site lies in it and none of its parameters is read, and
+- its parent's forward did run: some other module under the same parent was called (a sibling, or the
+  parent's own ops). A whole tower the forward never reached (the vision tower of a multimodal model given
+  text) is no unused norm: :mod:`normaudit.capture.parts` captures such towers alone and
+  ``capture.unaudited`` lists what stays unreached.
+
+Each :class:`normaudit.report.UnusedNorm` names the module path, its class, its ``state_dict`` keys, and with
+``--checkpoint`` the checkpoint keys holding its weights (trained weights of a norm the forward skips).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from normaudit.capture.ir import module_stack
+from normaudit.report import UnusedNorm
+
+__all__ = ["called_modules", "unused_norms"]
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + ".")
+
+
+def _ancestors(path: str) -> list[str]:
+    """``a.b.c`` -> ``["", "a", "a.b", "a.b.c"]``."""
+    parts = path.split(".") if path else []
+    return [""] + [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def called_modules(gm: Any, modules: dict) -> set[str]:
+    """Paths of every module whose forward produced a node of ``gm`` (and their ancestors), plus the modules
+    whose parameters or buffers the graph reads directly (``get_attr``)."""
+    called: set[str] = {""}
+    for node in gm.graph.nodes:
+        paths = module_stack(node, modules)
+        if node.op == "get_attr":
+            paths = paths + [str(node.target).rpartition(".")[0]]
+        for p in paths:
+            called.update(_ancestors(p))
+    return called
+
+
+def _checkpoint_keys(ckpt: Any, root: Any, keys: list[str]) -> list[str]:
+    """The checkpoint keys the model keys ``keys`` map to (prefixes aligned as the weight pass does)."""
+    if ckpt is None or not keys:
+        return []
+    mapping, _ = ckpt.align_keys(list(root.state_dict().keys()))
+    return [mapping[k] for k in keys if k in mapping]
+
+
+def unused_norms(ctx: Any, records: list) -> list[UnusedNorm]:
+    """The norm modules of ``ctx.cap`` registered but never applied by the captured forward (module doc).
+    Empty without a whole-model graph. ``records``: the sites found (their modules count as used)."""
+    from normaudit.facts.sites import walk_modules
+
+    cap = ctx.cap
+    if cap.gm is None:
+        return []
+    modules = cap.modules
+    called = called_modules(cap.gm, modules)
+    called |= {a for r in records for a in _ancestors(r.site.module)}
+    parts = [p.path for p in getattr(cap, "parts", None) or []]
+    out: list[UnusedNorm] = []
+    for rec in walk_modules(modules, ctx.origins):
+        path = rec.site.module
+        # ``called`` holds the ancestors of every called path: a module absent from it ran nothing, and
+        # its parent present in it ran something else
+        if not path or path in called or any(_under(path, p) for p in parts):
+            continue
+        if path.rpartition(".")[0] not in called:
+            continue  # the parent never ran: an unreached tower, not a skipped norm
+        mod = rec.module_obj
+        keys = [f"{path}.{k}" for k in (mod.state_dict().keys() if mod is not None else [])]
+        out.append(UnusedNorm(module=path, class_name=rec.site.class_name, kind=rec.site.kind, keys=keys,
+                              checkpoint_keys=_checkpoint_keys(getattr(ctx, "checkpoint", None), cap.root, keys),
+                              source=rec.site.definition))
+    return out
+
+
+def unused_note(unused: list[UnusedNorm]) -> Optional[str]:
+    """One report note naming the unused norm modules, or None."""
+    if not unused:
+        return None
+    names = ", ".join(u.module for u in unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
+    return f"{len(unused)} norm module(s) registered but never applied by the forward: {names}"
