@@ -124,6 +124,11 @@ def audit_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=_positive_seconds, metavar="SECONDS",
                    help="seconds each target may take to import, build, capture and probe its model "
                         "(default 300); past it the target is exit 2 naming the phase")
+    p.add_argument("--add-noqa", action="store_true",
+                   help="write '# normaudit: ignore[ID]' on the line of each finding in your own files (never in "
+                        "installed packages), merging with existing ones; the only option that edits your files")
+    p.add_argument("--show-settings", action="store_true",
+                   help="print the settings in force and the file they came from, and exit")
     p.add_argument("--version", action="version", version=f"normaudit {__version__}")
     p.set_defaults(output_sequence=[])
     return p
@@ -146,16 +151,37 @@ def _first_sentence(text: str) -> str:
 
 
 def _cmd_rules(argv: Sequence[str]) -> int:
+    """``normaudit rules [--format text|json]``: one line per rule, or a JSON list of objects with ``id``,
+    ``name``, ``category``, ``severity``, ``confidence``, ``summary`` (first sentence of ``doc.what``) and
+    ``docs`` (the generated page, ``docs/rules/ID.md``; null for a rule from ``--rules DIR``)."""
     from normaudit.engine.loader import load_rules
 
     p = _Parser(prog="normaudit rules", description="List the rules.")
     p.add_argument("--rules", action="append", metavar="DIR")
+    p.add_argument("--format", choices=["text", "json"], default="text")
     args = p.parse_args(argv)
-    rules = load_rules(_settings_rules(args.rules))
+    dirs = _settings_rules(args.rules)
+    rules = load_rules(dirs)
+    ordered = sorted(rules.values(), key=lambda r: r.id)
+    if args.format == "json":
+        from normaudit.docs import doc_path
+
+        shipped = set(load_rules([])) if dirs else set(rules)
+        print(json.dumps([{"id": r.id, "name": r.name, "category": r.category, "severity": r.severity,
+                           "confidence": r.confidence, "summary": _first_sentence(r.doc.what),
+                           "docs": doc_path(r.id) if r.id in shipped else None} for r in ordered], indent=2))
+        return EXIT_OK
     width = max((len(r.name) for r in rules.values()), default=0)
-    for rule in sorted(rules.values(), key=lambda r: r.id):
+    for rule in ordered:
         print(f"{rule.id}  {rule.name.ljust(width)}  {rule.category:<10} {rule.severity:<8} {_first_sentence(rule.doc.what)}")
     return EXIT_OK
+
+
+def _cmd_docs(argv: Sequence[str]) -> int:
+    """``normaudit docs [--output DIR] [--check]``: generate the rule pages (:mod:`normaudit.docs`)."""
+    from normaudit.docs import main as docs_main
+
+    return docs_main(argv, prog="normaudit docs")
 
 
 def _cmd_explain(argv: Sequence[str]) -> int:
@@ -485,6 +511,8 @@ def _cmd_audit(argv: Sequence[str]) -> int:
     args = audit_parser().parse_intermixed_args(argv)
     outputs = plan_outputs(args.output_sequence)
     settings = discover_settings(args.settings, args.isolated)
+    if args.show_settings:
+        return _show_settings(args, settings)
     targets: list[Any] = list(args.targets) or list(settings.targets)
     if not targets:
         raise UsageError("no TARGET given, and no 'targets' in a settings file ([tool.normaudit] in pyproject.toml "
@@ -505,6 +533,8 @@ def _cmd_audit(argv: Sequence[str]) -> int:
     written = [(s.path, f"{s.fmt} output") for s in outputs if s.path is not None]
     written += [(args.write_baseline, "baseline")] if args.write_baseline else []
     refuse_overwriting_inputs(written, _inputs_of_run(plan_opts, settings))
+    if args.add_noqa:
+        _check_add_noqa(args, plan_opts)
     first = plan_opts[0]
     for name, flag in (("select", args.select), ("ignore", args.ignore)):
         if flag is not None:
@@ -543,10 +573,55 @@ def _cmd_audit(argv: Sequence[str]) -> int:
         print(f"normaudit: wrote {n} finding(s) to the baseline {args.write_baseline}", file=sys.stderr)
         if status == EXIT_FINDINGS:
             status = EXIT_OK
+    if args.add_noqa:
+        status = _add_noqa(results, fail_on)
     return status
 
 
-COMMANDS = {"rules": _cmd_rules, "explain": _cmd_explain, "schema": _cmd_schema}
+def _show_settings(args: argparse.Namespace, settings: Any) -> int:
+    """``--show-settings``: print the settings in force (:func:`normaudit.settings.show_settings`)."""
+    from normaudit.settings import show_settings
+
+    flags = {"select": args.select, "ignore": args.ignore, "fail-on": args.fail_on, "dtype": args.dtype,
+             "batch-size": args.batch_size, "rules": args.rules, "input-axes": args.input_axes,
+             "config": args.config, "baseline": args.baseline, "timeout": args.timeout,
+             "targets": list(args.targets) or None}
+    sys.stdout.write(show_settings(settings, flags, {"fail-on": "error", "dtype": "float32",
+                                                     "timeout": DEFAULT_TIMEOUT}))
+    return EXIT_OK
+
+
+def _check_add_noqa(args: argparse.Namespace, plan_opts: list) -> None:
+    """Refuse ``--add-noqa`` with ``--write-baseline`` (two ways to adopt, pick one) and for targets that are
+    not on disk (:func:`normaudit.noqa.check_targets`), before anything runs."""
+    from normaudit.noqa import check_targets
+
+    if args.write_baseline:
+        raise UsageError("--add-noqa and --write-baseline are two ways to adopt normaudit: give one")
+    check_targets([o.target for o in plan_opts])
+
+
+def _add_noqa(results: list[TargetResult], fail_on: str) -> int:
+    """``--add-noqa`` after the audit: write the comments (:func:`normaudit.noqa.add_noqa`), say what was
+    done on stderr, and return the exit status the findings left (not suppressed) give."""
+    from normaudit.audit import exit_status
+    from normaudit.noqa import add_noqa
+    from normaudit.target.pyfile import split_target
+
+    done = [r for r in results if r.report is not None]
+    outcome = add_noqa([(r.report, split_target(r.target)[0]) for r in done])
+    for file, line, cause in outcome.unplaced:
+        print(f"normaudit: {file}:{line}: {cause}", file=sys.stderr)
+    print(outcome.summary(), file=sys.stderr)
+    left = {id(f) for f in outcome.left}
+    status = max([r.status for r in results if r.report is None], default=EXIT_OK)
+    for r in done:
+        rest = r.report.model_copy(update={"findings": [f for f in r.report.findings if id(f) in left]})
+        status = max(status, exit_status(rest, fail_on))
+    return status
+
+
+COMMANDS = {"rules": _cmd_rules, "explain": _cmd_explain, "schema": _cmd_schema, "docs": _cmd_docs}
 
 
 def _run_target(opts: Any, rules: dict, baseline: Any, base: Path, timeout: float) -> Any:

@@ -277,3 +277,48 @@ def discover_settings(explicit: Optional[str] = None, isolated: bool = False,
     if path is None:
         return Settings()
     return load_settings(Path(_rel(Path.cwd(), str(path))))
+
+
+def _toml_value(value: Any) -> str:
+    """``value`` written as a TOML value (strings as basic strings, tables of targets inline)."""
+    import json
+
+    if isinstance(value, BaseModel):
+        value = value.model_dump(by_alias=True, exclude_none=True)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k), ensure_ascii=False)} = {_toml_value(v)}"
+                               for k, v in value.items()) + "}"
+    return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+
+
+def show_settings(settings: Settings, flags: dict[str, Any], defaults: dict[str, Any]) -> str:
+    """The settings in force as TOML text, each key with where its value comes from: a command-line flag,
+    the settings file and line, or the default; a key set nowhere is a comment.
+
+    ``flags`` are the keys (file spelling, ``fail-on``) given on the command line, ``defaults`` the values
+    used when neither flag nor file sets a key. Paths from the file are shown relative to the current
+    directory, as the run uses them."""
+    src = settings.source
+    head = (f"# settings file: {src}" + (" ([tool.normaudit])" if src.name == "pyproject.toml" else "")
+            if src is not None else "# settings file: none (defaults; flags override)")
+    rows: list[tuple[str, str]] = []
+    for name, info in Settings.model_fields.items():
+        key = info.alias or name
+        value = getattr(settings, name)
+        if key in flags and flags[key] is not None:
+            rows.append((f"{key} = {_toml_value(flags[key])}", f"--{key}" if key != "targets" else "command line"))
+        elif value not in (None, [], {}):
+            line = settings.line_of(key)
+            rows.append((f"{key} = {_toml_value(value)}", f"{src}:{line}" if line else str(src)))
+        elif key in defaults:
+            rows.append((f"{key} = {_toml_value(defaults[key])}", "default"))
+        else:
+            rows.append((f"# {key} = (not set)", ""))
+    width = max(len(r[0]) for r in rows)
+    return "\n".join([head] + [f"{text.ljust(width)}  # {where}" if where else text for text, where in rows]) + "\n"
