@@ -50,6 +50,9 @@ class AuditOptions:
     per_module_ignores: dict[str, list[str]] = field(default_factory=dict)
     #: A configuration mapping given in memory (``normaudit.testing``); wins over ``config``.
     config_data: Optional[dict[str, Any]] = None
+    #: ``--max-params``: the most parameters ``--probe numerics`` builds for real (default
+    #: ``normaudit.probes.numerics.DEFAULT_MAX_PARAMS``); above it the audit is refused (exit 2)
+    max_params: Optional[int] = None
 
 
 def _selected(rule: Rule, select: list[str], ignore: list[str]) -> bool:
@@ -123,6 +126,11 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
         first = next(iter(inputs.values())) if isinstance(inputs, dict) else (inputs[0] if inputs else None)
         if isinstance(first, torch.Tensor) and first.dim() > 0:
             batch = int(first.shape[0])
+    numerics = [p for p in opts.probes if p.startswith("numerics")]
+    if numerics:
+        from normaudit.probes.numerics import check_size
+
+        check_size(mua.model, opts.max_params, mua.file or opts.target)
     # Capture turns a meta model into fake tensors in place; probes that run real numbers get an untouched
     # meta copy (free) or the user's real model (capture works on its own copy of a real model).
     probe_model = copy.deepcopy(mua.model) if mua.on_meta else mua.model
@@ -146,6 +154,14 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
                       config_sources=config_sources, checkpoint=ckpt)
     phase("facts")
     facts: Facts = collect_facts(ctx)
+    section = None
+    if numerics:
+        phase("numerics")
+        from normaudit.probes.numerics import numerics_probe
+
+        section = numerics_probe(ctx, facts.records, getattr(mua, "build_fn", None), mua.file or opts.target,
+                                 backward="numerics-backward" in numerics)
+        options["numerics"] = section
     phase("rules")
     sites = [r.site for r in facts.records]
     active = [r for r in rules.values() if _selected(r, opts.select, opts.ignore)]
@@ -154,6 +170,9 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
                            per_module_ignores=opts.per_module_ignores, config=config, config_source=config_source,
                            options=options, target_file=mua.file)
     findings = kept.findings
+    for f in findings:  # a numerics finding may name any module (the producer): its construction line
+        if f.source is None and f.category == "numerics" and f.module in by_path:
+            f.source = by_path[f.module]
     findings.sort(key=lambda f: (-SEVERITY_RANK[f.severity], f.module, f.rule_id))
     facts.model.config_source = config_source
     info = CaptureInfo(method=method, complete=cap.complete, attempts=cap.attempts,
@@ -177,8 +196,13 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
                       infos=sum(f.severity == "info" for f in findings))
     target = TargetInfo(path=opts.target, kind=mua.kind, factory=mua.factory, config=opts.config,
                         checkpoint=str(ckpt.path) if ckpt is not None else None, dtype=opts.dtype, batch_size=batch)
+    if section is not None:
+        notes += section.notes + ([f"numerics probe failed: {section.error}"] if section.error else [])
+        if section.weights == "random":
+            notes.append("numerics probe: no checkpoint, so the statistics come from the factory's random "
+                         "initial weights, not trained ones (give --checkpoint)")
     return Report(version=__version__, target=target, capture=info, model=facts.model, sites=sites,
-                  findings=findings, summary=summary, notes=notes)
+                  findings=findings, summary=summary, notes=notes, numerics=section)
 
 
 #: Errors of fake tensors themselves (data-dependent values, ops without a fake kernel): the model may be fine

@@ -111,11 +111,15 @@ def audit_parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore", type=_ids, help="comma-separated rule ids, id prefixes, names or categories")
     p.add_argument("--rules", action="append", metavar="DIR", help="a directory of extra rule files")
     p.add_argument("--input-axes", help="axes of the first input, e.g. B,C,H,W or batch,sequence")
-    p.add_argument("--probe", action="append", default=[], choices=["batch", "size"],
+    p.add_argument("--probe", action="append", default=[], choices=["batch", "size", "numerics", "numerics-backward"],
                    help="opt-in dynamic probe: 'batch' runs a small real copy of the model and checks that each "
                         "norm's output for one example does not depend on the other examples; 'size' forces the "
                         "re-capture at other spatial/sequence sizes on graphs above 1500 nodes (smaller ones get it "
-                        "by default)")
+                        "by default); 'numerics' runs the model for real in --dtype (weights from --checkpoint, "
+                        "else the factory's random init) and reports the first module making inf/NaN, eps-dominated "
+                        "norms and headroom to the dtype's maximum; 'numerics-backward' adds one backward")
+    p.add_argument("--max-params", type=_positive_int, metavar="N",
+                   help="the most parameters --probe numerics builds for real (default 1000000000); above it: exit 2")
     p.add_argument("--baseline", metavar="FILE", help="report only findings not recorded in this baseline")
     p.add_argument("--write-baseline", metavar="FILE", help="record the current findings as the baseline")
     p.add_argument("--settings", metavar="FILE", help="the normaudit settings file (default: normaudit.toml or "
@@ -421,7 +425,7 @@ def _target_options(t: Any, args: argparse.Namespace, settings: Any, rules_dirs:
         select=args.select if args.select is not None else list(settings.select or []),
         ignore=args.ignore if args.ignore is not None else list(settings.ignore or []),
         input_axes=args.input_axes or spec.input_axes or settings.input_axes,
-        probes=list(args.probe),
+        probes=list(args.probe), max_params=getattr(args, "max_params", None),
         per_module_ignores=dict(settings.per_module_ignores))
 
 

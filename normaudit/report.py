@@ -132,6 +132,110 @@ class BatchProbe(_Model):
     note: Optional[str] = None
 
 
+class TensorStats(_Model):
+    """Values of the tensors of one call (a module's inputs, or its output), as the numerics probe saw them:
+    ``absmax`` the largest absolute value among the *finite* elements (None when there is none), ``nan`` and
+    ``inf`` the counts of NaN and +-inf elements, ``numel`` the elements looked at (all floating tensors)."""
+
+    absmax: Optional[float] = None
+    nan: int = 0
+    inf: int = 0
+    numel: int = 0
+
+    @property
+    def nonfinite(self) -> int:
+        """NaN plus inf elements."""
+        return self.nan + self.inf
+
+
+class ModuleNumerics(_Model):
+    """One module's call in the numerics probe's forward (``normaudit.probes.numerics``): ``module`` its
+    ``named_modules()`` path (``""`` the root), ``order`` its place among the module calls in the order they
+    returned (children before their parent), its floating ``inputs`` and ``output``, ``weights_absmax`` the
+    largest absolute value of its own parameters (not its children's; None without any), and ``cause``: for the
+    producer of the first non-finite value, why it appeared (an overflow past the dtype's maximum, 0/0 in a norm
+    with eps 0, ...)."""
+
+    module: str
+    class_name: str
+    order: int
+    inputs: TensorStats
+    output: TensorStats
+    weights_absmax: Optional[float] = None
+    cause: Optional[str] = None
+
+
+class SiteNumerics(_Model):
+    """Numerics of one norm site (``normaudit.probes.numerics``; the static bound by ``normaudit.facts.numerics``).
+
+    Measured by ``--probe numerics`` (``measured`` True), over every call of the site in one forward:
+    ``statistic`` is what eps is added to (``variance`` for mean-subtracting norms, ``mean_square`` for
+    RMSNorm), computed in float32 from the input per normalised row (``rows`` of them); ``stat_min`` /
+    ``stat_median`` / ``stat_max`` over the rows (unit: the input's unit squared); ``eps_dominated_fraction``
+    the share of rows whose statistic is below ``eps_dominated_below`` = 10 * eps (eps then decides the output
+    instead of the input); ``output_absmax`` against ``dtype_max`` (the largest finite value of the dtype run
+    in), ``headroom`` = dtype_max / output_absmax; ``input``/``output`` the NaN/inf counts; ``role`` ``producer``
+    (its inputs finite, its output not), ``first_nan`` (the first module whose output holds a NaN, its input
+    holding inf but none), ``propagator`` (non-finite in, non-finite out), or None.
+
+    Static (no run): ``features`` D, the elements per normalised row; ``gain_absmax``/``bias_absmax`` the
+    largest absolute effective gain (``1 + w`` for a ``(1 + weight)`` norm) and bias, from ``bound_source``
+    (``checkpoint``, or ``model`` for the probe's real weights); ``output_bound`` = gain_absmax * sqrt(D) +
+    bias_absmax, an upper bound of |y| for LayerNorm/RMSNorm (a normalised row has sum of squares D, so no
+    element exceeds sqrt(D) in magnitude; Ba et al. 2016 eq. 4, Zhang & Sennrich 2019 eq. 4).
+    """
+
+    measured: bool = False
+    calls: int = 0
+    statistic: Optional[Literal["variance", "mean_square"]] = None
+    rows: Optional[int] = None
+    stat_min: Optional[float] = None
+    stat_median: Optional[float] = None
+    stat_max: Optional[float] = None
+    eps_dominated_below: Optional[float] = None
+    eps_dominated_fraction: Optional[float] = None
+    output_absmax: Optional[float] = None
+    dtype_max: Optional[float] = None
+    headroom: Optional[float] = None
+    input: Optional[TensorStats] = None
+    output: Optional[TensorStats] = None
+    role: Optional[Literal["producer", "first_nan", "propagator"]] = None
+    features: Optional[int] = None
+    gain_absmax: Optional[float] = None
+    bias_absmax: Optional[float] = None
+    output_bound: Optional[float] = None
+    bound_source: Optional[Literal["checkpoint", "model"]] = None
+
+
+class NumericsReport(_Model):
+    """The report's ``numerics`` section (``--probe numerics``, ``normaudit.probes.numerics``): the run
+    (``dtype``, ``device``, ``weights`` ``checkpoint`` or ``random``, ``backward``, ``seconds``, ``modules``
+    called, ``sites_measured``, the model ``output``, the ``loss`` of a backward run), ``error`` when it could not
+    run, the ``producer`` of the first non-finite value and the calls ``before`` it, ``first_nan``, the
+    ``propagators`` (first few, ``propagator_count`` in all), and with a backward the first module with a
+    non-finite gradient and the parameters holding one."""
+
+    dtype: str
+    device: str
+    weights: Literal["checkpoint", "random"] = "random"
+    backward: bool = False
+    error: Optional[str] = None
+    seconds: float = 0.0
+    modules: int = 0
+    sites_measured: int = 0
+    output: Optional[TensorStats] = None
+    loss: Optional[float] = None
+    producer: Optional[ModuleNumerics] = None
+    before: list[ModuleNumerics] = Field(default_factory=list)
+    first_nan: Optional[str] = None
+    propagators: list[str] = Field(default_factory=list)
+    propagator_count: int = 0
+    grad_first_nonfinite: Optional[str] = None
+    grad_nonfinite_params: list[str] = Field(default_factory=list)
+    grad_nonfinite_param_count: int = 0
+    notes: list[str] = Field(default_factory=list)
+
+
 class ConfigEps(_Model):
     """An eps a configuration declares for a site (``normaudit.facts.eps``).
 
@@ -229,6 +333,8 @@ class Site(_Model):
     channel_axes: list[AxisLabel] = Field(default_factory=list)
     size_probe: Optional[SizeProbe] = None
     batch_probe: Optional[BatchProbe] = None
+    #: ``--probe numerics`` measurements and the static output bound (:class:`SiteNumerics`)
+    numerics: Optional[SiteNumerics] = None
     extra: dict[str, Any] = Field(default_factory=dict)
 
     def describe(self) -> str:
@@ -451,3 +557,5 @@ class Report(_Model):
     findings: list[Finding]
     summary: Summary
     notes: list[str] = Field(default_factory=list)
+    #: ``--probe numerics``: what the real run showed (None when the probe did not run)
+    numerics: Optional[NumericsReport] = None

@@ -3,7 +3,8 @@ facts onto :class:`normaudit.report.Site` / :class:`normaudit.report.ModelFacts`
 data goes under ``node.meta["normaudit"]``). The graph itself is never modified.
 
 Order: ``sites`` (discovery) -> ``axes`` (labels per dim) -> ``placement`` (residual stream) ->
-``formula`` (what each site computes) -> ``eps``/``weights`` (config and checkpoint comparisons).
+``formula`` (what each site computes) -> ``eps``/``weights`` (config and checkpoint comparisons) ->
+``numerics`` (the output bound from checkpoint gains).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from normaudit.facts import placement
 from normaudit.facts import formula as formula_pass
 from normaudit.facts import eps as eps_pass
 from normaudit.facts import weights as weights_pass
+from normaudit.facts import numerics as numerics_pass
 from normaudit.facts import usage as usage_pass
 from normaudit.facts.sites import SiteRecord, discover_sites, walk_modules
 from normaudit.report import ModelFacts, SourceLocation
@@ -75,6 +77,7 @@ def collect_facts(ctx: FactContext) -> Facts:
                 model.placement, model.blocks = part_model.placement, part_model.blocks
                 model.has_final_norm, model.parallel_residual = None, part_model.parallel_residual
         notes = weights_pass.analyse(ctx, records)
+        numerics_pass.analyse(ctx, records)
         eps_pass.analyse(ctx, records)
         return Facts(records=records, model=model, notes=notes)
     records = graph_facts(ctx, model)
@@ -84,6 +87,7 @@ def collect_facts(ctx: FactContext) -> Facts:
 
         records += facts_of_parts(ctx, cap.parts, [])[0]
     notes += weights_pass.analyse(ctx, records)
+    numerics_pass.analyse(ctx, records)
     eps_pass.analyse(ctx, records)
     model.unused_norms = usage_pass.unused_norms(ctx, records)
     notes += [n for n in [usage_pass.unused_note(model.unused_norms)] if n]

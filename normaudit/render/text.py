@@ -276,6 +276,9 @@ def render(report: Report, rules=None) -> str:
     if rows and cap.method != "none":
         lines += _table(rows, ["module", "kind", "class", "eps", "axes", "placement", "stats dtype"])
     lines += _weights_section(report)
+    from normaudit.render.numerics_text import numerics_lines
+
+    lines += numerics_lines(report)
     formulas = {}
     for s in report.sites:
         if s.formula is not None and s.formula.text:

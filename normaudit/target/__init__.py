@@ -46,6 +46,8 @@ class ModelUnderAudit:
     file: Optional[str] = None
     weights: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: the factory itself (Python targets), for probes that rebuild the model with its real initialisation
+    build_fn: Any = None
 
 
 def is_checkpoint_path(path: Path) -> bool:
@@ -93,7 +95,7 @@ def load_model(target: str) -> ModelUnderAudit:
         loaded = load_python_target(target)
         return ModelUnderAudit(model=loaded.model, inputs=loaded.inputs, on_meta=loaded.on_meta, kind="python",
                                factory=loaded.factory, origins=loaded.origins, file=loaded.file,
-                               notes=list(loaded.notes))
+                               notes=list(loaded.notes), build_fn=getattr(loaded.module, loaded.factory, None))
     if path.exists():
         from normaudit.worker import phase
 
@@ -172,4 +174,4 @@ def load_module_target(module_name: str, factory: str) -> ModelUnderAudit:
     model, inputs, on_meta, origins, notes = build_from_module(module, fn, factory, where)
     return ModelUnderAudit(model=model, inputs=inputs, on_meta=on_meta, kind="python",
                            factory=f"{module_name}:{factory}", origins=origins, file=str(where.resolve()),
-                           notes=notes)
+                           notes=notes, build_fn=fn)

