@@ -324,9 +324,28 @@ def _same_shapes(*nodes: fx.Node) -> bool:
     return all(s == known[0] for s in known)
 
 
+def _through_pool(g: _Graph, node: Any) -> Any:
+    """Follow poolings (functional, ``max_pool2d_with_indices(...)[0]``, or a pooling module) and aliases back
+    to the value pooled."""
+    for _ in range(8):
+        node = g.strip(node)
+        if not isinstance(node, fx.Node) or not node.args or not isinstance(node.args[0], fx.Node):
+            return node
+        name = op_name(node)
+        if name == "getitem" and "pool" in op_name(node.args[0]):
+            node = node.args[0]
+        elif name in POOL_OPS or name.startswith("max_pool") or \
+                (node.op == "call_module" and _is_pool_module(g.modules.get(str(node.target)))):
+            node = node.args[0]
+        else:
+            return node
+    return node
+
+
 def _shortcut_source(g: _Graph, skip: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:
-    """For a projection shortcut ``[norm](W(pool(x)))`` return ``(x, W)``; else None."""
-    node = g.strip(skip)
+    """For a projection shortcut ``[norm](W(pool(x)))`` or ``pool(W(x))`` (Hiera / SAM2 MultiScaleBlock pool
+    the projected tokens like their queries) return ``(x, W)``; else None."""
+    node = _through_pool(g, skip)
     if node in g.norm_nodes:  # a norm on the shortcut: look through it to its input
         for a in g.inputs[node]:
             if a not in g.pderived and a not in g.norm_nodes:
@@ -347,9 +366,7 @@ def _shortcut_source(g: _Graph, skip: fx.Node) -> Optional[tuple[fx.Node, fx.Nod
     if op_name(node) == "embedding" or isinstance(g.modules.get(str(node.target)) if node.op == "call_module" else None,
                                                    nn.Embedding):
         return None  # token + position embeddings are two lookups of the ids, not a shortcut
-    src = g.strip(acts[0])
-    while isinstance(src, fx.Node) and op_name(src) in POOL_OPS and src.args and isinstance(src.args[0], fx.Node):
-        src = g.strip(src.args[0])
+    src = _through_pool(g, acts[0])
     dt = dtype(src)
     if dt is not None and not dt.is_floating_point:
         return None
@@ -393,7 +410,7 @@ def find_residual_adds(g: _Graph) -> list[ResidualAdd]:
         for skip, branch in ((ops[0], ops[1]), (ops[1], ops[0])):
             if skip in g.pderived or branch in g.pderived:
                 continue
-            src = g.strip(skip)
+            src = _through_pool(g, skip)  # a strided identity shortcut pools the stream (MaxViT MbConvBlock)
             chain, cur = [], src
             for _ in range(4):
                 chain.append(cur)
@@ -417,7 +434,7 @@ def find_residual_adds(g: _Graph) -> list[ResidualAdd]:
                     continue
                 src, proj = sc
                 if g.weighted_between(src, branch) and not g.anc_or_eq(proj, branch) and \
-                        not _long_skip(g, src, branch, res_mask):
+                        not _long_skip(g, src, branch, res_mask) and not _parallel_projections(g, branch, src):
                     best = ResidualAdd(node=n, skip=skip, skip_src=g.strip(skip), branch=branch, reads=src,
                                        shortcut=proj)
                     break
@@ -429,6 +446,39 @@ def find_residual_adds(g: _Graph) -> list[ResidualAdd]:
         found[n] = best
         res_mask |= 1 << g.idx[n]
     return list(found.values())
+
+
+def _parallel_projections(g: _Graph, branch: fx.Node, src: fx.Node) -> bool:
+    """Every summand of ``branch`` is, like the projection on the other side, one weighted op of ``src``
+    (``[norm](W(src))``), ``[norm](src)`` or ``src``: a sum of parallel conv(+BN) branches of one input
+    (RepVGG, Ding et al. 2021, arXiv 2101.03697; MobileOne / FastViT MobileOneBlock; Inception-style sums),
+    which a re-parameterisation folds into one conv, not a residual function ``F`` beside a shortcut (He et
+    al. 2016, eq. 2: ``F`` stacks several layers)."""
+    terms: list[fx.Node] = []
+    todo = [branch]
+    while todo and len(terms) < 16:
+        n = g.strip(todo.pop())
+        ins = g.inputs[n] if isinstance(n, fx.Node) else []
+        if isinstance(n, fx.Node) and op_name(n) == "add" and len(ins) in (1, 2) \
+                and not any(a in g.pderived or a in g.const for a in ins):
+            todo.extend(ins)  # a sum of branches; one tensor operand: ``branch + 0`` (an absent branch)
+        else:
+            terms.append(n)
+    for t in terms:
+        if not isinstance(t, fx.Node):
+            return False
+        sc = _shortcut_source(g, t)
+        if sc is not None and sc[0] is src:
+            continue
+        base = t
+        while base in g.norm_nodes:  # [norm](src): the identity branch of a RepVGG block
+            ins = [a for a in g.inputs[base] if a not in g.pderived]
+            if not ins:
+                break
+            base = g.strip(ins[0])
+        if base is not src:
+            return False
+    return True
 
 
 def _long_skip(g: _Graph, src: fx.Node, branch: fx.Node, res_mask: int) -> bool:
