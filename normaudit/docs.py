@@ -171,10 +171,15 @@ def write_pages(output: Path, pages: dict[str, str]) -> list[str]:
 
 
 def default_output() -> Path:
-    """``docs/rules`` of the source checkout this normaudit runs from (beside ``rules/``)."""
+    """``docs/rules`` of the source checkout this normaudit runs from (beside ``rules/``). Raises UsageError
+    for an installed normaudit (its rules are ``normaudit/_rules``): nothing is written into site-packages."""
     from normaudit.engine.loader import builtin_rules_dir
+    from normaudit.errors import UsageError
 
-    return builtin_rules_dir().parent / DOCS_DIR
+    rules = builtin_rules_dir()
+    if rules.name != "rules":
+        raise UsageError("normaudit is installed, not run from a source checkout: give --output DIR")
+    return rules.parent / DOCS_DIR
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m normaudit.docs") -> int:
@@ -189,9 +194,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m normaudit.
     p.add_argument("--from", dest="source", metavar="DIR",
                    help="the rules directory to document (default: the rules shipped with normaudit)")
     args = p.parse_args(argv)
-    output = Path(args.output) if args.output else default_output()
     if args.source and not Path(args.source).is_dir():
         raise UsageError("rules directory not found", file=args.source)
+    output = Path(args.output) if args.output else default_output()
     pages = generate(shipped_rules(Path(args.source)) if args.source else None)
     if args.check:
         stale = stale_pages(output, pages)

@@ -116,3 +116,17 @@ def test_show_settings(capsys, tmp_path, monkeypatch):
     assert rows["baseline"] == "# baseline = (not set)"
     assert main(["--show-settings", "--isolated"]) == 0
     assert capsys.readouterr().out.startswith("# settings file: none (defaults; flags override)\n")
+
+
+def test_docs_command_never_writes_into_an_installed_normaudit(capsys, tmp_path, monkeypatch):
+    from normaudit.engine import loader
+
+    installed = tmp_path / "site-packages" / "normaudit" / "_rules"
+    monkeypatch.setattr(loader, "builtin_rules_dir", lambda: installed)
+    monkeypatch.setattr("normaudit.docs.shipped_rules", lambda root=None: [])
+    assert main(["docs"]) == 2
+    assert capsys.readouterr().err.strip() == ("normaudit: error: normaudit is installed, not run from a source "
+                                               "checkout: give --output DIR")
+    assert not (tmp_path / "site-packages" / "normaudit" / "docs").exists()
+    assert main(["docs", "--from", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.strip() == f"normaudit: error: {tmp_path / 'nowhere'}: rules directory not found"
