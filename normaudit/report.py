@@ -284,6 +284,20 @@ class EpsFacts(_Model):
     role: Optional[str] = None
 
 
+class GroupSplit(_Model):
+    """How a hand-written GroupNorm's reshape divides its input into groups (``normaudit.facts.sites``):
+    ``groups`` G; ``dim`` the input dim the group dim splits (the channels: 1 in an (N, C, ...) tensor);
+    ``per_group`` how many positions of that dim one group holds (C / G); ``spans`` the input dims one group's
+    statistics cover (``dim`` partly, the others wholly)."""
+
+    groups: int
+    dim: int
+    per_group: int
+    spans: list[int] = Field(default_factory=list)
+    #: the input dim its per-channel affine scales (the channels; None without a gain multiply)
+    channel_dim: Optional[int] = None
+
+
 class Site(_Model):
     """One normalisation computation found in the model.
 
@@ -331,6 +345,8 @@ class Site(_Model):
     class_module: Optional[str] = None
     #: labels of the axis a BatchNorm/GroupNorm/InstanceNorm keeps one statistic per (its dim 1, the "channels")
     channel_axes: list[AxisLabel] = Field(default_factory=list)
+    #: hand-written GroupNorm: how its reshape groups the input (``reshape(N, G, -1)``)
+    group_split: Optional[GroupSplit] = None
     size_probe: Optional[SizeProbe] = None
     batch_probe: Optional[BatchProbe] = None
     #: ``--probe numerics`` measurements and the static output bound (:class:`SiteNumerics`)

@@ -88,3 +88,39 @@ def test_unreached_tower_is_no_unused_norm():
     r = audit_file(PLACEMENT / "NP107_3.py", family_rules("placement"))
     assert r.model.unused_norms == []
     assert "vision.post_layernorm" in {u.module for u in r.capture.unaudited} | {s.module for s in r.sites}
+
+
+# -- item 3: hand-written GroupNorm --------------------------------------------------------------------------
+LAYOUT = FIXTURES / "layout"
+
+
+def _split(s):
+    g = s.group_split
+    return (g.groups, g.dim, g.per_group, g.spans, g.channel_dim)
+
+
+def test_hand_written_group_norms_are_group_norms_with_their_group_count():
+    r = audit_file(LAYOUT / "NL107_2.py", family_rules("layout"))
+    flat, five, nhwc = site(r, "flat"), site(r, "five_d"), site(r, "nhwc")
+    for s, groups in ((flat, 4), (five, 8), (nhwc, 8)):
+        assert (s.kind, s.num_groups, s.num_channels, s.detected_by) == ("GroupNorm", groups, 32, "pattern"), s.module
+        assert s.reduced_dims == [1, 2, 3] and s.normalized_shape is None
+        assert (s.formula.mean_subtracted, s.formula.variance, s.formula.gain, s.formula.bias) == (
+            True, "population", "weight", True)
+        assert s.channel_axes == ["channel"]
+    assert (flat.eps, five.eps, nhwc.eps) == (1e-5, 1e-6, 1e-5)
+    assert _split(flat) == (4, 1, 8, [1, 2, 3], 1)
+    assert _split(five) == (8, 1, 4, [1, 2, 3], 1)
+    assert _split(nhwc) == (8, 3, 4, [1, 2, 3], 3)        # channels-last: the channel dim is grouped in place
+    assert nhwc.input_axes == ["batch", "height", "width", "channel"]
+
+
+def test_channels_last_reshape_groups_rows_and_the_finding_names_them():
+    r = audit_file(LAYOUT / "NL107_1.py", family_rules("layout"))
+    bad = site(r, "norm_nhwc")
+    assert (bad.kind, bad.num_groups, bad.num_channels) == ("GroupNorm", 8, 32)
+    assert _split(bad) == (8, 1, 2, [1, 2, 3], 3)         # the groups split height into bands of 2 rows
+    (f,) = [f for f in r.findings if f.rule_id == "NL107"]
+    assert f.severity == "error" and f.module == "norm_nhwc" and f.source.line == 41
+    assert ("into 8 groups along dim 1, which is height: each group holds 2 of the 16 height positions and all "
+            "of (width, channel)") in f.message

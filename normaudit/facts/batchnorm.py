@@ -176,7 +176,9 @@ def analyse(ctx: Any, records: list, model: ModelFacts, env: dict[fx.Node, Any])
             continue
         labels = env.get(rec.input) if rec.input is not None else None
         if isinstance(labels, list) and len(labels) > 1:
-            s.channel_axes = flat_labels([labels[1]])  # type: ignore[assignment]
+            # a hand-written GroupNorm's channels: the dim its per-channel affine scales (issue 15 item 3)
+            dim = s.group_split.channel_dim if s.group_split is not None and s.group_split.channel_dim else 1
+            s.channel_axes = flat_labels([labels[dim if dim < len(labels) else 1]])  # type: ignore[assignment]
         if s.kind != "BatchNorm":
             continue
         s.extra["calls_per_forward"] = calls[s.module]

@@ -237,8 +237,8 @@ def _affine(g: _Graph, rec: SiteRecord, applied: fx.Node, owner_nodes: Optional[
                 else:
                     bias = True
                 frontier.append(u)
-            elif name in NEUTRAL_OPS or name in ("view", "type_as"):
-                frontier.append(u)
+            elif name in NEUTRAL_OPS or name in ("view", "type_as", "reshape", "_unsafe_view"):
+                frontier.append(u)  # reshape: a group norm's (N, G, -1) back to (N, C, H, W) before its affine
     return gain, bias
 
 

@@ -192,7 +192,10 @@ def _dims_of_interest(site) -> list[int]:
     if site.kind in ("LayerNorm", "RMSNorm"):
         return list(site.reduced_dims or [])
     if site.kind in CHANNELWISE:
-        return [1] if site.input_shape and len(site.input_shape) > 1 else []
+        # a hand-written GroupNorm keeps its channels where its per-channel affine scales (channels-last: dim -1)
+        g = getattr(site, "group_split", None)
+        dim = g.channel_dim if g is not None and g.channel_dim else 1
+        return [dim] if site.input_shape and len(site.input_shape) > dim else []
     return []
 
 
