@@ -2,7 +2,6 @@
 ``[tool.normaudit]``, failing with concise lines."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -53,10 +52,10 @@ def _entry_point_site(tmp: Path) -> Path:
 
 
 def _collected(project: pytest.Pytester, site: Path, *args: str) -> list[str]:
-    env_path = os.pathsep.join([str(ROOT), str(site)])
-    project._monkeypatch.setenv("PYTHONPATH", env_path)
+    """Node ids a pytest run in ``project`` collects, with ``site`` (the plugin's entry point) importable."""
+    project.syspathinsert(site)
     project._monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
-    result = project.runpytest_subprocess("--collect-only", "-q", "-p", "no:cacheprovider", *args)
+    result = project.runpytest("--collect-only", "-q", "-p", "no:cacheprovider", *args)
     assert result.ret == 0, result.stdout.str() + result.stderr.str()
     return [ln for ln in result.stdout.lines if "::" in ln]
 
