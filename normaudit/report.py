@@ -298,6 +298,20 @@ class GroupSplit(_Model):
     channel_dim: Optional[int] = None
 
 
+class FreezeFacts(_Model):
+    """Whether a torch.nn BatchNorm stays frozen when the model trains (``normaudit.facts.frozen``):
+    ``params_frozen`` every parameter has ``requires_grad=False`` (None without parameters); ``eval_as_built``
+    the module is in eval mode as the model was built; ``model_trainable`` some parameter of the model requires
+    grad; ``after_train`` its ``training`` flag after ``model.train()`` (run on a copy; None when it raised);
+    ``train_override`` the ``Class.train`` methods the model's classes define."""
+
+    params_frozen: Optional[bool] = None
+    eval_as_built: bool = False
+    model_trainable: bool = False
+    after_train: Optional[bool] = None
+    train_override: list[str] = Field(default_factory=list)
+
+
 class Site(_Model):
     """One normalisation computation found in the model.
 
@@ -347,6 +361,8 @@ class Site(_Model):
     channel_axes: list[AxisLabel] = Field(default_factory=list)
     #: hand-written GroupNorm: how its reshape groups the input (``reshape(N, G, -1)``)
     group_split: Optional[GroupSplit] = None
+    #: torch.nn BatchNorm: does it stay frozen through model.train() (``normaudit.facts.frozen``)
+    freeze: Optional[FreezeFacts] = None
     size_probe: Optional[SizeProbe] = None
     batch_probe: Optional[BatchProbe] = None
     #: ``--probe numerics`` measurements and the static output bound (:class:`SiteNumerics`)

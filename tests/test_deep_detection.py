@@ -124,3 +124,33 @@ def test_channels_last_reshape_groups_rows_and_the_finding_names_them():
     assert f.severity == "error" and f.module == "norm_nhwc" and f.source.line == 41
     assert ("into 8 groups along dim 1, which is height: each group holds 2 of the 16 height positions and all "
             "of (width, channel)") in f.message
+
+
+# -- item 4: frozen BatchNorm that model.train() unfreezes ----------------------------------------------------
+BATCHNORM = FIXTURES / "batchnorm"
+
+
+def _freeze(s):
+    z = s.freeze
+    return (z.params_frozen, z.eval_as_built, z.model_trainable, z.after_train, z.train_override)
+
+
+def test_frozen_batchnorm_without_train_override_is_unfrozen_by_train():
+    r = audit_file(BATCHNORM / "NB109_1.py", family_rules("batchnorm"))
+    assert _freeze(site(r, "backbone.bn1")) == (True, True, True, True, [])
+    assert _freeze(site(r, "head_bn")) == (False, False, True, True, [])
+    assert site(r, "backbone.bn1").training is False      # the capture keeps the modes as built
+    (f, _) = sorted((f for f in r.findings if f.rule_id == "NB109"), key=lambda f: f.module)
+    assert f.module == "backbone.bn1" and f.severity == "warning"
+    assert "model.train() puts it back in training mode (no train() override keeps it in eval)" in f.message
+
+
+def test_norm_eval_override_and_a_fully_frozen_model_are_not_flagged():
+    rules = family_rules("batchnorm")
+    r = audit_file(BATCHNORM / "NB109_2.py", rules)
+    assert _freeze(site(r, "backbone.bn2")) == (True, True, True, False, ["Backbone.train"])
+    assert _freeze(site(r, "stats_bn")) == (True, False, True, True, ["Backbone.train"])
+    teacher = audit_file(f"{BATCHNORM / 'NB109_2.py'}:teacher", rules)
+    assert _freeze(site(teacher, "backbone.bn1")) == (True, True, False, False, ["Backbone.train"])
+    assert _freeze(site(teacher, "stats_bn")) == (True, True, False, True, ["Backbone.train"])
+    assert not [f for f in teacher.findings if f.rule_id == "NB109"]

@@ -16,6 +16,7 @@ from normaudit.facts import axes as axes_pass
 from normaudit.facts import batchnorm as batchnorm_pass
 from normaudit.facts import placement
 from normaudit.facts import formula as formula_pass
+from normaudit.facts import frozen as frozen_pass
 from normaudit.facts import eps as eps_pass
 from normaudit.facts import weights as weights_pass
 from normaudit.facts import numerics as numerics_pass
@@ -112,5 +113,6 @@ def graph_facts(ctx: FactContext, model: ModelFacts) -> list[SiteRecord]:
     placement.analyse(cap, records, model)
     formula_pass.analyse(ctx, records)
     batchnorm_pass.analyse(ctx, records, model, env)
+    frozen_pass.analyse(ctx, records)
     ctx.env = env
     return records
