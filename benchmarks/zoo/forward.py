@@ -152,7 +152,19 @@ def input_variants(model: nn.Module, config) -> list[tuple[str, Callable[[], dic
     for key in modal:
         if key != main:
             variants.append((key, lambda k=key: with_decoder({k: makers[k]()})))
+    variants.append(("normaudit's inputs", lambda: _normaudit_inputs(model)))
     return variants
+
+
+def _normaudit_inputs(model: nn.Module) -> dict[str, Any]:
+    """The inputs normaudit builds for the model (``infer_hf_inputs``: required parameters such as
+    ``grid_thw`` or feature masks that the sets above do not know), tried last."""
+    from normaudit.target.inputs import infer_hf_inputs
+
+    built = infer_hf_inputs(model)
+    if built is None:
+        raise ValueError("normaudit builds no inputs for it")
+    return dict(built[0])
 
 
 def forward_norms(model: nn.Module, config) -> tuple[set[str] | None, str]:
@@ -167,3 +179,35 @@ def forward_norms(model: nn.Module, config) -> tuple[set[str] | None, str]:
         except Exception as err:  # noqa: BLE001 - any failure means: try the next input set
             errors.append(f"{label}: {type(err).__name__}: {' '.join(str(err).split())[:160]}")
     return None, " | ".join(errors)[:400] or "no input set fits the forward signature"
+
+
+#: errors of a forward on the meta device that say only that real numbers were needed (``.item()``,
+#: ``nonzero``, data-dependent control flow): the shapes were accepted up to there
+_META_STOP = ("meta tensor", "meta device", "register_meta", "data-dependent", "cannot be called on meta",
+              "not implemented for 'Meta'", "NotImplementedError")
+
+
+def runs_on_meta(model: nn.Module, config) -> tuple[bool, str]:
+    """Whether some input set of :func:`input_variants` runs ``model`` (built on the meta device) on meta
+    tensors, as far as shapes go: ``(True, label)``, or ``(False, errors)``. A forward that stops only
+    because it needs real numbers counts as running. Checks a shrunk config's sizes fit each other without
+    allocating weights."""
+    import contextlib
+    import io
+    import warnings
+
+    errors = []
+    for label, make in input_variants(model, config):
+        try:
+            inputs = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in make().items()}
+            with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+                warnings.simplefilter("ignore")
+                model(**inputs)
+            return True, label
+        except Exception as err:  # noqa: BLE001 - any failure means: try the next input set
+            text = f"{type(err).__name__}: {' '.join(str(err).split())}"
+            if any(s in text for s in _META_STOP):
+                return True, label
+            errors.append(f"{label}: {text[:160]}")
+    return False, " | ".join(errors)[:400]
+

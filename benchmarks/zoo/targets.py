@@ -16,13 +16,17 @@ import copy
 import re
 from typing import Any
 
-#: Shrink levels tried in order: "small" (all sizes), "layers" (only depth), "default" (config as is).
-SHRINK_LEVELS = ("small", "layers", "default")
+#: Shrink levels tried in order: "small" (all sizes), "wide" (depth and counts, widths of one 128-wide head
+#: per head: rotary sections and head-dim tables written for full-size heads still fit), "layers" (only
+#: depth), "default" (config as is).
+SHRINK_LEVELS = ("small", "wide", "layers", "default")
 
 HIDDEN = 64
 HEADS = 4
 LAYERS = 2
 FFN = 128
+#: (hidden, FFN, factor on :data:`_SMALL_DIMS`) of the levels that shrink widths
+WIDTHS = {"small": (HIDDEN, FFN, 1), "wide": (512, 1024, 8)}
 
 _LAYER_KEYS = re.compile(
     r"^(num_hidden_layers|num_layers|n_layers?|encoder_layers|decoder_layers|num_encoder_layers|"
@@ -143,34 +147,60 @@ def shrink_config_dict(d: dict[str, Any], level: str = "small") -> dict[str, Any
         _fit_layer_indices(d)
     if level == "layers":
         return d
-    _shrink_widths(d)
+    _shrink_widths(d, *WIDTHS[level])
     _shrink_lists(d)
     return d
 
 
-def _shrink_widths(d: dict[str, Any]) -> None:
-    """Set widths, heads, FFN sizes, expert counts and vocabulary of one config level to test sizes."""
+_HEAD_DIM_KEY = re.compile(r"^(.*_)?head_?dim$")
+
+
+def _shrink_widths(d: dict[str, Any], hidden: int = HIDDEN, ffn: int = FFN, factor: int = 1) -> None:
+    """Set widths, heads, FFN sizes, expert counts and vocabulary of one config level to test sizes.
+
+    Keys derived from others keep their relation: ``rotary_dim`` at most the head width, ``qk_head_dim``
+    the sum of its nope and rope parts, a ``head_dim`` equal to ``qk_rope_head_dim`` (DeepSeek) stays so,
+    and any other ``*head_dim`` key is cut like ``head_dim`` (Zamba2's ``mamba_headdim``).
+    """
+    base = dict(d)
+    small = {k: v * factor for k, v in _SMALL_DIMS.items()}
     heads_before = next((v for k, v in d.items() if _HEAD_KEYS.match(k) and _is_int(v)), None)
     for key, value in list(d.items()):
         if not _is_int(value) or value <= 0:
             continue
-        if (_HIDDEN_KEYS.match(key) or key.endswith("_hidden_size")) and value > HIDDEN:
-            d[key] = HIDDEN
+        if (_HIDDEN_KEYS.match(key) or key.endswith("_hidden_size")) and value > hidden:
+            d[key] = hidden
         elif _HEAD_KEYS.match(key) and value > HEADS:
             d[key] = HEADS
-        elif _FFN_KEYS.match(key) and value > FFN:
-            d[key] = FFN
+        elif _FFN_KEYS.match(key) and value > ffn:
+            d[key] = ffn
         elif _EXPERT_KEYS.match(key) and value > 4:
             d[key] = 4
         elif _TOPK_KEYS.match(key) and value > 2:
             d[key] = 2
-        elif key in _SMALL_DIMS and value > _SMALL_DIMS[key]:
-            d[key] = _SMALL_DIMS[key]
+        elif key in small and value > small[key]:
+            d[key] = small[key]
+        elif _HEAD_DIM_KEY.match(key) and value > small["head_dim"]:
+            d[key] = small["head_dim"]
     for key, value in list(d.items()):
         if _KV_KEYS.match(key) and _is_int(value) and heads_before:
             d[key] = HEADS if value >= heads_before else min(value, HEADS // 2)
+    _keep_derived(d, base, hidden)
     if _is_int(d.get("vocab_size")) and d["vocab_size"] > 1024:
         d["vocab_size"] = max(1024, _max_token_id(d) + 1)
+
+
+def _keep_derived(d: dict[str, Any], base: dict[str, Any], hidden: int) -> None:
+    """Restore relations between width keys that the shrink of each key alone broke."""
+    heads = next((v for k, v in d.items() if _HEAD_KEYS.match(k) and _is_int(v)), None)
+    width = d.get("head_dim") if _is_int(d.get("head_dim")) else (hidden // heads if heads else None)
+    if _is_int(d.get("rotary_dim")) and width and d["rotary_dim"] > width:
+        d["rotary_dim"] = width
+    if all(_is_int(d.get(k)) for k in ("qk_nope_head_dim", "qk_rope_head_dim")):
+        if _is_int(base.get("qk_head_dim")):
+            d["qk_head_dim"] = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
+        if _is_int(base.get("head_dim")) and base["head_dim"] == base["qk_rope_head_dim"]:
+            d["head_dim"] = d["qk_rope_head_dim"]
 
 
 def transformers_types(only: set[str] | None = None) -> list[str]:

@@ -42,20 +42,35 @@ MAX_FORWARD_PARAMS = 200_000_000
 
 
 def hf_config(model_type: str):
-    """Shrunk config of ``model_type`` that AutoModel builds on meta: ``(config, level)`` or raises the last error."""
+    """Shrunk config of ``model_type`` that AutoModel builds on meta: ``(config, level)`` or raises the last error.
+
+    The first level of :data:`targets.SHRINK_LEVELS` whose model builds on meta *and* runs a forward on meta
+    tensors (:func:`forward.runs_on_meta`) wins: a shrink whose sizes no longer fit each other (rotary
+    sections written for 128-wide heads, bottleneck widths) would otherwise be measured as a capture
+    failure. When no level's forward runs (inputs the sweep cannot build), the first level that builds.
+    """
     import transformers
 
     cls = transformers.CONFIG_MAPPING[model_type]
     base = cls().to_dict()
     last: Exception | None = None
+    first_built = None
     for level in targets.SHRINK_LEVELS:
         try:
             config = cls.from_dict(targets.shrink_config_dict(base, level))
             with torch.device("meta"):
-                transformers.AutoModel.from_config(config)
-            return config, level
+                model = transformers.AutoModel.from_config(config)
         except Exception as err:  # noqa: BLE001 - try the next, milder shrink
             last = err
+            continue
+        if first_built is None:
+            first_built = (config, level)
+        if level == "default":  # the full-size config is only a build fallback, never preferred
+            break
+        if forward.runs_on_meta(model, config)[0]:
+            return config, level
+    if first_built is not None:
+        return first_built
     raise RuntimeError(f"no shrink level builds: {type(last).__name__}: {' '.join(str(last).split())[:200]}")
 
 
