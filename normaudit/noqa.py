@@ -130,8 +130,11 @@ def edit_source(text: str, wanted: dict[int, set[str]]) -> tuple[str, int, list[
     per_line: dict[int, set[str]] = {}
     unplaced: list[tuple[int, str]] = []
     for line, codes in sorted(wanted.items()):
+        if not 1 <= line <= len(lines):
+            unplaced.append((line, f"no line {line}: the file has {len(lines)} (changed since the audit?)"))
+            continue
         where = line if line in slots else min((e for e in closing.get(line, ()) if e in slots), default=None)
-        if where is None or not 1 <= line <= len(lines):
+        if where is None:
             unplaced.append((line, "the line cannot take a comment (a continuation or inside a string)"))
             continue
         per_line.setdefault(where, set()).update(codes)
