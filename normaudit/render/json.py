@@ -4,6 +4,6 @@ from __future__ import annotations
 from normaudit.report import Report
 
 
-def render(report: Report, rules=None) -> str:
+def render(report: Report, rules=None, options=None) -> str:
     """The report as indented JSON (``Report.model_dump_json``)."""
     return report.model_dump_json(indent=2)

@@ -368,11 +368,11 @@ def mermaid(report: Report) -> Optional[str]:
 # -------------------------------------------------------------------------------------------- render
 
 
-def render(report: Report, rules: dict[str, Rule]) -> str:
+def render(report: Report, rules: dict[str, Rule], options=None) -> str:
     """Render ``report`` as Markdown for a pull-request comment.
 
     ``rules`` maps rule id -> :class:`Rule`; the rules that fired are summarised from their docs.
-    Every string of ``report`` is escaped first (:func:`normaudit.render.text.escape_control`: no control
+    ``options`` is accepted for a uniform renderer signature. Every string of ``report`` is escaped first (:func:`normaudit.render.text.escape_control`: no control
     character or workflow command reaches the comment or a CI log). The output ends in a newline.
     """
     report = escaped_report(report)

@@ -1,15 +1,29 @@
-"""SARIF 2.1.0 output (``--format sarif``) for code-scanning uploads and SARIF viewers.
+"""SARIF 2.1.0 output (``--format sarif``) for GitHub code scanning and other SARIF viewers.
 
-One run, driven by the ``normaudit`` tool component. Every rule passed in ``rules`` becomes a
-``reportingDescriptor`` whose help is built from the rule's ``doc`` sections; every finding becomes a
-``result`` pointing at its rule by ``ruleId`` and ``ruleIndex``. A finding with a known ``source`` gets
-a physical location (a URI relative to the current directory when the file lies under it, resolved
-against the ``%SRCROOT%`` base); every finding also carries a logical location naming its module, so
-findings without a source still produce a valid, useful log. ``partialFingerprints`` depend only on
-the rule id and the module path, so a result keeps its identity when the code around it moves.
+One log with **one run per invocation** of normaudit, whatever the number of targets (GitHub refuses a
+file with several runs of one tool and category since June 2025), tagged with ``automationDetails.id``
+``normaudit/`` (category ``normaudit``). The run lists every rule once in ``tool.driver.rules`` (help
+built from the rule's ``doc`` sections, ``helpUri`` the rule's page ``docs/rules/<ID>.md`` for a shipped
+rule); every finding of every target is one ``result``:
 
-The shape follows the OASIS SARIF 2.1.0 standard (errata 01); ``tests/data/sarif-2.1.0.schema.json``
-is the official schema the tests validate against.
+- ``locations[0].physicalLocation``: always present, with ``region.startLine`` >= 1. The URI is relative
+  to the project root (``--project-root``; default the git top level, else the current directory) and
+  resolved against the ``%SRCROOT%`` base of ``originalUriBaseIds``. The place is the finding's source;
+  a finding without one is shown at the checkpoint file (checkpoint findings) or at the model's class or
+  factory line (:func:`normaudit.render.locations.finding_anchor`). A source outside the project root (a
+  library's modeling file in site-packages) cannot be shown by code scanning: the result is shown at
+  the model's anchor inside the project and the library line becomes a ``relatedLocation`` with an
+  absolute ``file:`` URI.
+- ``locations[0].logicalLocations``: the module path (``fullyQualifiedName`` ``layers.3.ln_1``).
+- ``partialFingerprints``: a hash of rule id, target (relative to the project root) and module path, so
+  a result keeps its identity when lines move.
+- targets that failed (exit 2 or 3 with several targets) are ``toolExecutionNotifications`` of the run's
+  invocation, whose ``executionSuccessful`` is then false.
+
+The shape follows the OASIS SARIF 2.1.0 standard (errata 01) and GitHub's "SARIF support for code
+scanning" (docs.github.com/en/code-security/code-scanning/integrating-with-code-scanning/
+sarif-support-for-code-scanning); ``tests/data/sarif-2.1.0.schema.json`` is the official schema the
+tests validate against, and ``tests/test_sarif_github.py`` checks GitHub's upload requirements.
 """
 from __future__ import annotations
 
@@ -18,18 +32,26 @@ import json
 import os
 import re
 from pathlib import Path, PurePosixPath
-from typing import Any, Optional
+from typing import Any, Iterable, Optional, Sequence
 from urllib.parse import quote
 
 from normaudit.engine.schema import Rule
+from normaudit.render.locations import (anchor_in_root, checkpoint_file, project_root, relative_to_root,
+                                        target_file)
 from normaudit.report import Finding, Report, SourceLocation
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 #: Where ``tool.driver.informationUri`` points; change here when the project gets a home page.
 INFORMATION_URI = "https://pypi.org/project/normaudit/"
+#: The repository whose ``docs/rules/<ID>.md`` pages (:func:`normaudit.docs.doc_path`) ``helpUri`` links to
+#: (SARIF wants an absolute URI there); change here when the repository moves.
+REPOSITORY_URI = "https://github.com/normaudit/normaudit"
+DOCS_REF = "main"
 SRCROOT = "%SRCROOT%"
-FINGERPRINT_KEY = "normauditRuleModule/v1"
+#: ``runs[].automationDetails.id``: GitHub takes the part before the last ``/`` as the analysis category.
+AUTOMATION_ID = "normaudit/"
+FINGERPRINT_KEY = "normauditRuleTargetModule/v1"
 
 #: normaudit severity -> SARIF ``level``.
 LEVELS = {"error": "error", "warning": "warning", "info": "note"}
@@ -77,23 +99,43 @@ def source_path(file: str, cwd: Optional[str] = None) -> tuple[str, bool]:
     return Path(file).as_posix(), False
 
 
-def artifact_location(source: SourceLocation, cwd: Optional[str] = None) -> dict[str, Any]:
-    """Build a SARIF ``artifactLocation`` for ``source.file``.
-
-    Files under ``cwd`` get a percent-encoded relative ``uri`` with ``uriBaseId`` ``%SRCROOT%``; other
-    absolute files get an absolute ``file:`` URI and no base.
-    """
-    path, relative = source_path(source.file, cwd)
-    if relative:
-        return {"uri": quote(path, safe="/"), "uriBaseId": SRCROOT}
-    posix = path if path.startswith("/") else "/" + path
-    return {"uri": "file://" + quote(posix, safe="/:")}
+def file_uri(path: Path) -> str:
+    """An absolute ``file:`` URI for ``path``, percent-encoded (``file:///opt/my%20lib/x.py``)."""
+    return "file://" + quote(path.as_posix() if path.as_posix().startswith("/") else "/" + path.as_posix(),
+                             safe="/:")
 
 
-def fingerprint(rule_id: str, module: str) -> str:
-    """Stable identity of a finding: a hash of the rule id and the module path (not the line)."""
-    return hashlib.sha256(f"{rule_id}\x00{module}".encode()).hexdigest()[:32]
+def artifact_location(source: SourceLocation, root: Optional[Path] = None,
+                      cwd: Optional[str] = None) -> dict[str, Any]:
+    """A SARIF ``artifactLocation`` for ``source.file``: a percent-encoded URI relative to ``root``
+    (default: :func:`normaudit.render.locations.project_root`) with ``uriBaseId`` ``%SRCROOT%`` when the
+    file lies under it, else an absolute ``file:`` URI without a base. A relative ``source.file`` is taken
+    from ``cwd`` (default: the current directory)."""
+    root = root if root is not None else project_root(cwd=cwd)
+    rel = relative_to_root(source.file, root, cwd)
+    if rel is not None:
+        return {"uri": quote(rel, safe="/"), "uriBaseId": SRCROOT}
+    path = Path(source.file)
+    if not path.is_absolute():
+        path = Path(cwd) / path if cwd else path.absolute()
+    return {"uri": file_uri(path)}
 
+
+def fingerprint(rule_id: str, target: str, module: str) -> str:
+    """Stable identity of a finding: a hash of the rule id, the target (as :func:`target_label` writes it)
+    and the module path; not of the line, so moving code keeps the alert."""
+    return hashlib.sha256(f"{rule_id}\x00{target}\x00{module}".encode()).hexdigest()[:32]
+
+
+def target_label(report: Report, root: Path) -> str:
+    """The target as the run names it: its path relative to ``root`` (as given when outside), with
+    ``:factory`` for a Python file (``models/gpt.py:build_model``)."""
+    target = report.target
+    file = target_file(report)
+    shown = target.path if file is None else (relative_to_root(file, root) or Path(file).as_posix())
+    if file is not None and target.kind == "python" and target.factory:
+        shown = f"{shown}:{target.factory}"
+    return shown
 
 def _help_text(rule: Rule) -> str:
     doc = rule.doc
@@ -129,8 +171,8 @@ def _help_markdown(rule: Rule) -> str:
     return "\n\n".join(parts)
 
 
-def _descriptor(rule: Rule) -> dict[str, Any]:
-    return {
+def _descriptor(rule: Rule, shipped: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {
         "id": rule.id,
         "name": rule.name,
         "shortDescription": {"text": first_sentence(rule.doc.what)},
@@ -144,6 +186,22 @@ def _descriptor(rule: Rule) -> dict[str, Any]:
             "problem.severity": PROBLEM_SEVERITY[rule.severity],
         },
     }
+    if shipped:
+        out["helpUri"] = help_uri(rule.id)
+    return out
+
+
+def help_uri(rule_id: str) -> str:
+    """The absolute URI of a shipped rule's page, ``<repository>/blob/main/docs/rules/<ID>.md``."""
+    return f"{REPOSITORY_URI}/blob/{DOCS_REF}/docs/rules/{rule_id}.md"
+
+
+def shipped_rule_ids() -> set[str]:
+    """Ids of the rules shipped with normaudit (their files are named ``<ID>-<name>.yaml``), the ones with
+    a page under ``docs/rules``."""
+    from normaudit.engine.loader import builtin_rules_dir
+
+    return {p.name.split("-", 1)[0] for p in builtin_rules_dir().rglob("*.yaml")}
 
 
 def _fallback_descriptor(finding: Finding) -> dict[str, Any]:
@@ -157,95 +215,133 @@ def _fallback_descriptor(finding: Finding) -> dict[str, Any]:
     }
 
 
-def _location(finding: Finding, cwd: Optional[str]) -> dict[str, Any]:
+def _physical(source: SourceLocation, root: Path) -> dict[str, Any]:
+    line = source.line if source.line is not None and source.line >= 1 else 1
+    return {"artifactLocation": artifact_location(source, root), "region": {"startLine": line}}
+
+
+def _locations(finding: Finding, report: Report, root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The result's location (physical and logical) and its related locations."""
+    related: list[dict[str, Any]] = []
+    where, outside = anchor_in_root(finding, report, root)
+    if outside is not None:  # code scanning cannot show a file outside the project: keep it as related
+        related.append({"id": len(related), "physicalLocation": _physical(outside, root),
+                        "message": {"text": "where the norm is built (outside the project root)"}})
+    if finding.category == "checkpoint" and finding.source is not None:
+        ckpt = checkpoint_file(report)
+        if ckpt:
+            related.append({"id": len(related), "physicalLocation": _physical(SourceLocation(file=ckpt), root),
+                            "message": {"text": "the checkpoint read"}})
     location: dict[str, Any] = {}
-    if finding.source is not None and finding.source.file:
-        physical: dict[str, Any] = {"artifactLocation": artifact_location(finding.source, cwd)}
-        if finding.source.line is not None and finding.source.line >= 1:
-            physical["region"] = {"startLine": finding.source.line}
-        location["physicalLocation"] = physical
+    if where is not None:
+        location["physicalLocation"] = _physical(where, root)
     location["logicalLocations"] = [
         {"name": finding.module.rsplit(".", 1)[-1] or "(root)",
          "fullyQualifiedName": finding.module or "(root)",
          "kind": "module"}
     ]
-    return location
+    return location, related
 
 
-def _target(path: str, factory: Optional[str], cwd: str) -> str:
-    shown, _ = source_path(path, cwd)
-    return f"{shown}:{factory}" if factory else shown
+def _result(finding: Finding, report: Report, index: dict[str, int], root: Path, target: str) -> dict[str, Any]:
+    location, related = _locations(finding, report, root)
+    text = f"{finding.module}: {finding.message}" if finding.module else finding.message
+    result: dict[str, Any] = {
+        "ruleId": finding.rule_id,
+        "ruleIndex": index[finding.rule_id],
+        "level": LEVELS[finding.severity],
+        "message": {"text": text},
+        "locations": [location],
+        "partialFingerprints": {FINGERPRINT_KEY: fingerprint(finding.rule_id, target, finding.module)},
+        "properties": {
+            "category": finding.category,
+            "confidence": finding.confidence,
+            "module": finding.module,
+            "target": target,
+        },
+    }
+    if related:
+        result["relatedLocations"] = related
+    if finding.fix:
+        result["properties"]["fix"] = finding.fix
+    return result
 
 
-def build(report: Report, rules: dict[str, Rule], cwd: Optional[str] = None) -> dict[str, Any]:
-    """Build the SARIF log for ``report`` as a JSON-ready dict.
+def _target_properties(report: Report, target: str) -> dict[str, Any]:
+    return {"target": target, "targetKind": report.target.kind, "captureMethod": report.capture.method,
+            "captureComplete": report.capture.complete, "modelPlacement": report.model.placement,
+            "sites": report.summary.sites}
 
-    ``rules`` maps rule id to :class:`Rule`; each becomes a ``reportingDescriptor`` (sorted by id).
-    A finding whose rule is missing from ``rules`` gets a minimal descriptor built from the finding,
-    so every ``ruleIndex`` is valid. ``cwd`` (default: the current directory) is the base that source
-    paths are made relative to and that ``%SRCROOT%`` stands for.
-    """
-    base = cwd if cwd is not None else os.getcwd()
+
+def _descriptors(rules: dict[str, Rule], reports: Sequence[Report]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    shipped = shipped_rule_ids() if rules else set()
     descriptors: list[dict[str, Any]] = []
     index: dict[str, int] = {}
     for rule_id in sorted(rules):
         index[rule_id] = len(descriptors)
-        descriptors.append(_descriptor(rules[rule_id]))
-    for finding in report.findings:
-        if finding.rule_id not in index:
-            index[finding.rule_id] = len(descriptors)
-            descriptors.append(_fallback_descriptor(finding))
+        descriptors.append(_descriptor(rules[rule_id], rule_id in shipped))
+    for report in reports:
+        for finding in report.findings:
+            if finding.rule_id not in index:
+                index[finding.rule_id] = len(descriptors)
+                descriptors.append(_fallback_descriptor(finding))
+    return descriptors, index
 
-    results = []
-    for finding in report.findings:
-        result: dict[str, Any] = {
-            "ruleId": finding.rule_id,
-            "ruleIndex": index[finding.rule_id],
-            "level": LEVELS[finding.severity],
-            "message": {"text": finding.message},
-            "locations": [_location(finding, base)],
-            "partialFingerprints": {FINGERPRINT_KEY: fingerprint(finding.rule_id, finding.module)},
-            "properties": {
-                "category": finding.category,
-                "confidence": finding.confidence,
-                "module": finding.module,
-            },
-        }
-        if finding.fix:
-            result["properties"]["fix"] = finding.fix
-        results.append(result)
 
-    root_uri = Path(base).resolve().as_uri().rstrip("/") + "/"
-    target = report.target
+def build_log(reports: Sequence[Report], rules: dict[str, Rule], root: Optional[Path] = None,
+              errors: Iterable[dict[str, Any]] = (), version: Optional[str] = None) -> dict[str, Any]:
+    """The SARIF log of one invocation as a JSON-ready dict: one run holding every report's results.
+
+    ``rules`` maps rule id to :class:`Rule`; each becomes a ``reportingDescriptor`` (sorted by id), and a
+    finding whose rule is missing gets a minimal descriptor built from the finding, so every ``ruleIndex``
+    is valid. ``root`` (default :func:`normaudit.render.locations.project_root`) is what ``%SRCROOT%``
+    stands for. ``errors``: failed targets, ``{"target", "status", "message"}`` each, written as error
+    notifications of the invocation. ``version``: the tool version when there is no report.
+    """
+    from normaudit import __version__
+
+    root = (root if root is not None else project_root()).resolve()
+    descriptors, index = _descriptors(rules, reports)
+    results, targets = [], []
+    for report in reports:
+        target = target_label(report, root)
+        targets.append(_target_properties(report, target))
+        results += [_result(f, report, index, root, target) for f in report.findings]
+    errors = list(errors)
+    notifications = [{"level": "error", "message": {"text": f"{e['target']}: {e.get('message') or 'failed'}"},
+                      "properties": {"target": e["target"], "exitStatus": e.get("status")}} for e in errors]
+    invocation: dict[str, Any] = {"executionSuccessful": not errors}
+    if notifications:
+        invocation["toolExecutionNotifications"] = notifications
+    tool_version = reports[0].version if reports else (version or __version__)
     run: dict[str, Any] = {
-        "tool": {
-            "driver": {
-                "name": "normaudit",
-                "version": report.version,
-                "semanticVersion": report.version,
-                "informationUri": INFORMATION_URI,
-                "rules": descriptors,
-            }
-        },
-        "originalUriBaseIds": {SRCROOT: {"uri": root_uri}},
+        "tool": {"driver": {"name": "normaudit", "version": tool_version, "semanticVersion": tool_version,
+                            "informationUri": INFORMATION_URI, "rules": descriptors}},
+        "automationDetails": {"id": AUTOMATION_ID},
+        "originalUriBaseIds": {SRCROOT: {"uri": root.as_uri().rstrip("/") + "/"}},
+        "invocations": [invocation],
         "results": results,
         "columnKind": "unicodeCodePoints",
-        "properties": {
-            "target": _target(target.path, target.factory, base),
-            "targetKind": target.kind,
-            "captureMethod": report.capture.method,
-            "captureComplete": report.capture.complete,
-            "modelPlacement": report.model.placement,
-            "sites": report.summary.sites,
-        },
+        "properties": {"targets": targets, **(targets[0] if len(targets) == 1 else {})},
     }
     return {"$schema": SARIF_SCHEMA_URI, "version": SARIF_VERSION, "runs": [run]}
 
 
-def render(report: Report, rules: dict[str, Rule]) -> str:
+def build(report: Report, rules: dict[str, Rule], root: Optional[Path] = None) -> dict[str, Any]:
+    """The SARIF log of one report (:func:`build_log` of ``[report]``)."""
+    return build_log([report], rules, root)
+
+
+def render(report: Report, rules: dict[str, Rule], options: Any = None) -> str:
     """Render ``report`` as a SARIF 2.1.0 JSON document (one run), ending in a newline.
 
-    ``rules`` maps rule id -> :class:`Rule` and supplies the ``tool.driver.rules`` descriptors.
-    Source paths are made relative to the current directory.
+    ``rules`` maps rule id -> :class:`Rule` and supplies the ``tool.driver.rules`` descriptors;
+    ``options.project_root`` (:class:`normaudit.render.RenderOptions`) the base of the URIs.
     """
-    return json.dumps(build(report, rules), indent=2, ensure_ascii=False) + "\n"
+    root = getattr(options, "project_root", None)
+    return dumps(build_log([report], rules, Path(root) if root is not None else None))
+
+
+def dumps(log: dict[str, Any]) -> str:
+    """A SARIF log as indented JSON ending in a newline."""
+    return json.dumps(log, indent=2, ensure_ascii=False) + "\n"

@@ -252,9 +252,43 @@ def _weights_section(report: Report) -> list[str]:
     return out
 
 
-def render(report: Report, rules=None) -> str:
-    """The human-readable report (every string of ``report`` escaped by :func:`escape_control`)."""
+def findings_section(report: Report, color: bool = False) -> list[str]:
+    """The findings of an (escaped) report by severity, each group of one fault over many modules
+    (:func:`group_findings`) as one entry with its place and fix; ``["no findings"]`` when there is none."""
+    from normaudit.render.style import SEVERITY_STYLES, paint
+
+    lines: list[str] = []
+    if not report.findings:
+        lines.append("no findings")
+    for sev in ("error", "warning", "info"):
+        group = [f for f in report.findings if f.severity == sev]
+        if not group:
+            continue
+        title = f"{sev.upper()}S ({len(group)})" if sev != "info" else f"INFO ({len(group)})"
+        lines.append(paint(title, SEVERITY_STYLES[sev], color))
+        for g in group_findings(group):
+            where = _where(g.first.source)
+            rule = paint(g.first.rule_id, SEVERITY_STYLES[sev], color)
+            lines.append(f"  {rule} [{g.first.category}] {paint(g.count_label, 'bold', color)}: {g.message}")
+            if where:
+                lines.append(f"      at {where}")
+            if g.fix:
+                lines.append(f"      {paint('fix:', 'green', color)} {g.fix}")
+        lines.append("")
+    return lines
+
+
+def render(report: Report, rules=None, options=None) -> str:
+    """The human-readable report (every string of ``report`` escaped by :func:`escape_control`).
+
+    ``options`` (:class:`normaudit.render.RenderOptions`): ``color`` paints severities and rule ids;
+    ``quiet`` leaves only the findings (nothing at all when there is none).
+    """
     report = escaped_report(report)
+    color = bool(getattr(options, "color", False))
+    if getattr(options, "quiet", False):
+        body = findings_section(report, color) if report.findings else []
+        return guard_lines("\n".join(body).rstrip()) + "\n" if body else ""
     lines: list[str] = []
     t = report.target
     cap = report.capture
@@ -303,21 +337,7 @@ def render(report: Report, rules=None) -> str:
             span = paths[0] if len(paths) == 1 else f"{paths[0]} .. {paths[-1]} (x{len(paths)})"
             lines.append(f"  {cls} {span}: {desc}")
     lines.append("")
-    if not report.findings:
-        lines.append("no findings")
-    for sev in ("error", "warning", "info"):
-        group = [f for f in report.findings if f.severity == sev]
-        if not group:
-            continue
-        lines.append(f"{sev.upper()}S ({len(group)})" if sev != "info" else f"INFO ({len(group)})")
-        for g in group_findings(group):
-            where = _where(g.first.source)
-            lines.append(f"  {g.first.rule_id} [{g.first.category}] {g.count_label}: {g.message}")
-            if where:
-                lines.append(f"      at {where}")
-            if g.fix:
-                lines.append(f"      fix: {g.fix}")
-        lines.append("")
+    lines += findings_section(report, color)
     for note in report.notes:
         lines.append(f"note: {note}")
     s = report.summary

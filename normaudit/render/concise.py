@@ -1,0 +1,72 @@
+"""``--format concise``: one line per finding, ``path:line:col: CODE [severity] module: message``, as
+ruff and mypy print them (editors and pre-commit turn them into links), then one summary line.
+
+- One fault repeated over many layers at one source line is one line
+  (:func:`normaudit.render.text.group_findings`): ``layers.0-17.input_layernorm (18 modules): ...``.
+- Every line has a place (:func:`normaudit.render.locations.finding_anchor`): the finding's source, else
+  the checkpoint file (checkpoint findings), else the model's class or factory line. Paths under the
+  current directory are relative to it, others absolute. The column is 1: findings point at lines.
+- Lines are sorted by path, line, rule id; the summary (``Found 5 findings: 2 errors, 3 warnings.``, or
+  ``No findings.``) is left out with ``--quiet``.
+- Every string from the report is escaped by :func:`normaudit.render.text.escape_control`.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from normaudit.render.locations import finding_anchor
+from normaudit.render.sarif import source_path
+from normaudit.render.style import SEVERITY_STYLES, paint
+from normaudit.render.text import escape_control, group_findings, guard_lines
+from normaudit.report import Report
+
+
+def finding_lines(report: Report, color: bool = False, cwd: Optional[str] = None) -> list[tuple[tuple, str]]:
+    """``(sort key, line)`` for each group of findings of ``report`` (no trailing newline)."""
+    out = []
+    for group in group_findings(report.findings):
+        first = group.first
+        where = finding_anchor(first, report)
+        path, line = (source_path(where.file, cwd)[0], where.line or 1) if where is not None else ("<unknown>", 1)
+        shown = escape_control(path)
+        code = paint(first.rule_id, SEVERITY_STYLES[first.severity], color)
+        severity = paint(f"[{first.severity}]", SEVERITY_STYLES[first.severity], color)
+        text = (f"{paint(shown, 'bold', color)}:{line}:1: {code} {severity} "
+                f"{escape_control(group.count_label)}: {escape_control(without_label(group.message, group.label))}")
+        out.append(((path, line, first.rule_id, group.label), guard_lines(text)))
+    return out
+
+
+def without_label(message: str, label: str) -> str:
+    """``message`` without a leading ``"<label>: "`` (a message that starts with its module path would
+    otherwise name it twice after the line's own label)."""
+    prefix = f"{label}: "
+    return message[len(prefix):] if label and message.startswith(prefix) else message
+
+
+def summary_line(errors: int, warnings: int, infos: int, failed: int = 0) -> str:
+    """``Found 5 findings: 2 errors, 3 warnings.`` (``No findings.``), with ``1 target failed`` when one did."""
+    total = errors + warnings + infos
+    counts = [f"{n} {word}{'' if n == 1 else 's'}" for n, word in ((errors, "error"), (warnings, "warning"))
+              if n] + ([f"{infos} info"] if infos else [])
+    text = f"Found {total} finding{'' if total == 1 else 's'}: {', '.join(counts)}." if total else "No findings."
+    if failed:
+        text += f" {failed} target{'' if failed == 1 else 's'} failed."
+    return text
+
+
+def render_many(reports: Sequence[Report], options: Any = None, failed: int = 0) -> str:
+    """The concise lines of several reports, sorted together, then one summary line (unless quiet)."""
+    color = bool(getattr(options, "color", False))
+    lines = sorted((item for r in reports for item in finding_lines(r, color)), key=lambda item: item[0])
+    text = "".join(line + "\n" for _, line in lines)
+    if not getattr(options, "quiet", False):
+        totals = [sum(f.severity == sev for r in reports for f in r.findings) for sev in ("error", "warning", "info")]
+        text += summary_line(*totals, failed=failed) + "\n"
+    return text
+
+
+def render(report: Report, rules: Any = None, options: Any = None) -> str:
+    """Render ``report`` as concise lines (see the module docstring); ``options``:
+    :class:`normaudit.render.RenderOptions` (``color``, ``quiet``). ``rules`` is unused."""
+    return render_many([report], options)
