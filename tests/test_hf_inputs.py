@@ -128,3 +128,83 @@ def test_no_declared_input_size_without_a_valid_cfg():
     assert declared_input_size(m) is None
     m.default_cfg = {"input_size": ("3", 224)}
     assert declared_input_size(m) is None
+
+
+# Towers and encoders whose forward takes other inputs than their main_input_name says (issue 10): the inputs
+# follow the forward's required parameters.
+QWEN3_VL_VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32,
+                       patch_size=4, num_position_embeddings=16, deepstack_visual_indexes=[])
+
+
+def _auto_meta(config_cls: str, **kw) -> nn.Module:
+    cfg = getattr(transformers, config_cls)(**kw)
+    with torch.device("meta"):
+        return transformers.AutoModel.from_config(cfg)
+
+
+def test_vision_tower_alone_gets_patches_and_grid():
+    # Qwen3VLVisionModel.forward(hidden_states, grid_thw); its main_input_name is the inherited "input_ids".
+    # A 4x4 patch grid per image (2 merge windows of spatial_merge_size 2 a side), 3 * 2 * 4 * 4 values each.
+    model = _auto_meta("Qwen3VLVisionConfig", **QWEN3_VL_VISION)
+    assert model.main_input_name == "input_ids"
+    kwargs, said = infer_hf_inputs(model)
+    assert said == "hidden_states float (32, 96), grid_thw int64 (2, 3)"
+    assert kwargs["grid_thw"].tolist() == [[1, 4, 4], [1, 4, 4]]
+
+
+def test_vision_tower_alone_is_captured_with_every_norm(rules):
+    # export fails on the data-dependent split of the attention by cu_seqlens (lengths.tolist(), computed from
+    # grid_thw, also with grid_thw a constant); every norm still comes from a graph, by parts
+    model = _auto_meta("Qwen3VLVisionConfig", **QWEN3_VL_VISION)
+    report = audit_model(model, rules=rules, on_meta=True)
+    assert report.capture.method == "parts", report.capture.attempts
+    tries = ["export", "export (integer inputs as constants)"]
+    assert [a.method for a in report.capture.attempts] == tries + [f"{t} (eval)" for t in tries]
+    norms = _norm_modules(model)
+    assert len(norms) == 2 * 2 + 1  # norm1/norm2 per block, the merger's norm
+    assert sorted({s.module for s in report.sites if s.detected_by == "module"}) == sorted(norms)
+    assert report.capture.unaudited == []
+
+
+@pytest.mark.parametrize("config_cls, kw, expected", [
+    ("Qwen3ASREncoderConfig", dict(num_mel_bins=16, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=64,
+                                   d_model=32, output_dim=32, downsample_hidden_size=8),
+     "input_features float (2, 16, 100), input_features_mask bool (2, 100)"),  # 2 windows of n_window 50
+    ("Gemma3nAudioConfig", dict(input_feat_size=16, hidden_size=32, conf_num_attention_heads=4,
+                                conf_num_hidden_layers=2, sscp_conv_channel_size=[8, 8]),
+     "audio_mel float (2, 64, 16), audio_mel_mask bool (2, 64)"),
+])
+def test_required_mask_of_the_features_is_built(config_cls, kw, expected):
+    # forward(input_features, input_features_mask) / forward(audio_mel, audio_mel_mask): no default for the
+    # mask, so it is built over the features' time axis, every frame valid
+    model = _auto_meta(config_cls, **kw)
+    kwargs, said = infer_hf_inputs(model)
+    assert said == expected
+    mask = next(v for k, v in kwargs.items() if k.endswith("_mask"))
+    assert bool(mask.all())
+
+
+class _Tower(nn.Module):
+    """A Hugging Face-style tower (config, main_input_name) whose forward requires a patch list, its grid and
+    per-image merge sizes, none of them its main input name."""
+
+    main_input_name = "input_ids"
+
+    def __init__(self):
+        super().__init__()
+        self.config = transformers.PretrainedConfig(patch_size=2, in_channels=3, temporal_patch_size=1,
+                                                    spatial_merge_size=1)
+        self.proj = nn.Linear(12, 8)
+        self.norm = nn.LayerNorm(8, eps=1e-6)
+
+    def forward(self, pixel_values, grid_thw, merge_sizes, **kwargs):
+        assert "input_ids" not in kwargs and grid_thw.shape == (2, 3) and merge_sizes.shape == (2,)
+        return self.norm(self.proj(pixel_values))
+
+
+def test_required_parameters_decide_the_inputs(rules):
+    model = _Tower()
+    kwargs, said = infer_hf_inputs(model)
+    assert said == "pixel_values float (8, 12), grid_thw int64 (2, 3), merge_sizes int64 (2,)"
+    report = audit_model(model, rules=rules)
+    assert report.capture.complete and [s.module for s in report.sites] == ["norm"]

@@ -80,14 +80,47 @@ def _tensor_leaves(obj: Any) -> list[torch.Tensor]:
 
 
 class _Flatten(nn.Module):
-    """Wraps the model so export sees only tensors in the output (HF outputs carry caches)."""
+    """Wraps the model so export sees only tensors in the output (HF outputs carry caches).
 
-    def __init__(self, model: nn.Module):
+    ``fixed`` holds example inputs passed as constants rather than graph inputs (``{position or keyword:
+    real tensor}``): export reads their values, so a forward that turns them into Python numbers
+    (``grid_thw.tolist()``, ``cu_seqlens`` split sizes, image-token counts) specialises on them instead of
+    failing on a data-dependent size. The free positional inputs fill the other positions, in order."""
+
+    def __init__(self, model: nn.Module, fixed: Optional[dict[Any, torch.Tensor]] = None):
         super().__init__()
         self.m = model
+        self.fixed = dict(fixed or {})
 
     def forward(self, *args, **kwargs):
+        if self.fixed:
+            free = iter(args)
+            n = len(args) + sum(isinstance(k, int) for k in self.fixed)
+            args = tuple(self.fixed[i] if i in self.fixed else next(free) for i in range(n))
+            kwargs = {**{k: v for k, v in self.fixed.items() if isinstance(k, str)}, **kwargs}
         return tuple(_tensor_leaves(self.m(*args, **kwargs)))
+
+
+def constant_inputs(fake_args: Any, real_inputs: Any) -> dict[Any, torch.Tensor]:
+    """The example inputs to pass as constants on a retry of export after a data-dependent failure: every
+    real (not fake, CPU) integer or bool tensor of ``real_inputs`` (ids, grids, lengths, masks), keyed by
+    keyword or position like ``fake_args``."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def ok(t: Any) -> bool:
+        return (isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) and t.device.type == "cpu"
+                and not t.is_floating_point() and not t.is_complex())
+
+    if isinstance(fake_args, dict) and isinstance(real_inputs, dict):
+        return {k: real_inputs[k] for k in fake_args if ok(real_inputs.get(k))}
+    if isinstance(fake_args, (tuple, list)) and isinstance(real_inputs, (tuple, list)):
+        return {i: t for i, t in enumerate(real_inputs) if i < len(fake_args) and ok(t)}
+    return {}
+
+
+def data_dependent(error: str) -> bool:
+    """Whether a capture failed on a data-dependent size or value (an unbacked symbol of export)."""
+    return any(s in error for s in ("GuardOnDataDependentSymNode", "data-dependent", "unbacked"))
 
 
 class _LeafTracer(fx.Tracer):
@@ -145,23 +178,30 @@ def _meta_val(tm: Any, mode: FakeTensorMode) -> Any:
     return None
 
 
-def _export(model: nn.Module, args: Any, mode: FakeTensorMode,
-            kwargs: Optional[dict[str, Any]] = None) -> tuple[fx.GraphModule, list[str]]:
+def _export(model: nn.Module, args: Any, mode: FakeTensorMode, kwargs: Optional[dict[str, Any]] = None,
+            fixed: Optional[dict[Any, torch.Tensor]] = None) -> tuple[fx.GraphModule, list[str]]:
+    """``torch.export.export(strict=False)`` of ``model`` on fake ``args``/``kwargs``; returns the graph
+    module and the placeholder names of the user inputs. ``fixed`` (:class:`_Flatten`): inputs passed as
+    constants, left out of ``args``/``kwargs`` here; their lifted-constant placeholders count as user inputs
+    (activations, not parameters)."""
     from normaudit.target.inputs import _forward_params, forward_kwargs
 
+    fixed = dict(fixed or {})
     kwargs = dict(kwargs or {})
     if isinstance(args, dict):
         kwargs, args = {**dict(args), **kwargs}, ()
+    args = tuple(a for i, a in enumerate(args) if i not in fixed)
+    kwargs = {k: v for k, v in kwargs.items() if k not in fixed}
     for key, value in forward_kwargs(_forward_params(model)).items():  # use_cache=False: no cache objects
         kwargs.setdefault(key, value)
     if getattr(getattr(model, "config", None), "use_cache", None) is not None:
         kwargs.setdefault("use_cache", False)
     with mode:
-        ep = torch.export.export(_Flatten(model), args, kwargs, strict=False)
+        ep = torch.export.export(_Flatten(model, fixed), args, kwargs, strict=False)
     from torch.export.graph_signature import InputKind
 
-    user = [s.arg.name for s in ep.graph_signature.input_specs
-            if s.kind == InputKind.USER_INPUT and hasattr(s.arg, "name")]
+    kinds = (InputKind.USER_INPUT, InputKind.CONSTANT_TENSOR) if fixed else (InputKind.USER_INPUT,)
+    user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind in kinds and hasattr(s.arg, "name")]
     return ep.graph_module, user
 
 
@@ -195,24 +235,24 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
     for train_pass in ([True, False] if was_training else [False]):
         if not train_pass:
             model.eval()
-        for method in methods:
-            if method == "symbolic_trace" and isinstance(fake_args, dict):
-                continue
+        for method, fixed in _plan(methods, fake_args, inputs):
+            if fixed and not data_dependent((attempts[-1].error if attempts else None) or ""):
+                continue  # constants only where export failed on a data-dependent size
             t0 = time.perf_counter()
+            label = f"{method} (integer inputs as constants)" if fixed else method
+            label = label if train_pass == was_training else f"{label} (eval)"
             try:
                 with _quiet():
                     if method == "symbolic_trace":
                         gm, user = _symbolic_trace(model, fake_args, mode)
                     else:
-                        gm, user = _export(model, fake_args, mode)
+                        gm, user = _export(model, fake_args, mode, fixed=fixed)
             except Exception as exc:  # noqa: BLE001 - any failure moves on to the next method
-                label = method if train_pass == was_training else f"{method} (eval)"
                 attempts.append(CaptureAttempt(method=label, ok=False, error=_one_line(_root_cause(exc)),
                                                seconds=round(time.perf_counter() - t0, 3)))
                 if train_pass and train_error is None:
                     train_error = _one_line(_root_cause(exc))
                 continue
-            label = method if train_pass == was_training else f"{method} (eval)"
             attempts.append(CaptureAttempt(method=label, ok=True, seconds=round(time.perf_counter() - t0, 3)))
             _restore_modes(modules, modes)
             cap = Capture(gm=gm, method=method, attempts=attempts, root=model, modules=modules,
@@ -225,15 +265,32 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
                     cap.parts = capture_unreached(cap, mode, dtype)
             return cap
     _restore_modes(modules, modes)
-    parts, parts_error = _capture_parts(model, fake_args, mode, modules) if parts_fallback else ([], None)
+    parts, parts_error = (_capture_parts(model, fake_args, mode, modules, inputs) if parts_fallback
+                          else ([], None))
     _restore_modes(modules, modes)
     return Capture(gm=None, method="module_walk", attempts=attempts, root=model, modules=modules,
                    train_error=train_error, parts=parts, parts_error=parts_error)
 
 
-def _capture_parts(model: nn.Module, fake_args: Any, mode: FakeTensorMode,
-                   modules: dict[str, nn.Module]) -> tuple[list, Optional[str]]:
-    """:func:`normaudit.capture.parts.capture_parts` over the norm modules ``walk_modules`` finds."""
+def _plan(methods: tuple[str, ...], fake_args: Any, inputs: Any) -> list[tuple[str, dict]]:
+    """The capture attempts of one pass: ``(method, constants)``; ``symbolic_trace`` only for positional
+    inputs; ``export`` then, when the example has real integer inputs, ``export`` again with them as
+    constants (:func:`constant_inputs`; run only after a data-dependent failure)."""
+    plan: list[tuple[str, dict]] = []
+    for method in methods:
+        if method == "symbolic_trace" and isinstance(fake_args, dict):
+            continue
+        plan.append((method, {}))
+        fixed = constant_inputs(fake_args, inputs) if method == "export" else {}
+        if fixed:
+            plan.append((method, fixed))
+    return plan
+
+
+def _capture_parts(model: nn.Module, fake_args: Any, mode: FakeTensorMode, modules: dict[str, nn.Module],
+                   real_inputs: Any = None) -> tuple[list, Optional[str]]:
+    """:func:`normaudit.capture.parts.capture_parts` over the norm modules ``walk_modules`` finds
+    (``real_inputs``: the example inputs ``fake_args`` were made from)."""
     from normaudit.capture.parts import capture_parts
     from normaudit.facts.sites import walk_modules
     from normaudit.target.inputs import _forward_params, forward_kwargs
@@ -243,7 +300,7 @@ def _capture_parts(model: nn.Module, fake_args: Any, mode: FakeTensorMode,
         return [], None
     extra = forward_kwargs(_forward_params(model)) if isinstance(fake_args, dict) else {}
     with _quiet():
-        return capture_parts(model, fake_args, mode, norm_paths, extra)
+        return capture_parts(model, fake_args, mode, norm_paths, extra, real_inputs)
 
 
 def _restore_modes(modules: dict[str, nn.Module], modes: dict[str, bool]) -> None:

@@ -83,11 +83,14 @@ def record_inputs(model: nn.Module, inputs: Any, mode: FakeTensorMode, paths: se
 
 
 def _record_real(root: nn.Module, inputs: Any, mode: FakeTensorMode, holders: set[str],
-                 extra_kwargs: Optional[dict[str, Any]]) -> tuple[dict, Optional[str]]:
+                 extra_kwargs: Optional[dict[str, Any]], real_inputs: Any = None) -> tuple[dict, Optional[str]]:
     """:func:`record_inputs` on real numbers, for a forward that reads its data (``.tolist()``,
     ``len(set(...))``): a small model's fake parameters are swapped for real ones meanwhile (normal(0, 0.02)
     weights, zero buffers), the inputs made real likewise, and the recorded inputs made fake again. Models
-    above :data:`REAL_RUN_MAX_ELEMENTS` parameter elements are not run."""
+    above :data:`REAL_RUN_MAX_ELEMENTS` parameter elements are not run. ``real_inputs`` are the example
+    inputs the fake ones were made from (same form): where one is a real tensor its values are used, so an
+    input whose values are sizes (``grid_thw``, lengths) keeps them; else random values of the fake one's
+    shape (:func:`_real_value`)."""
     tables = [(mod._parameters, True) for mod in root.modules()] + [(mod._buffers, False) for mod in root.modules()]
     if sum(t.numel() for tab, _ in tables for t in tab.values() if t is not None) > REAL_RUN_MAX_ELEMENTS:
         return {}, None
@@ -98,8 +101,7 @@ def _record_real(root: nn.Module, inputs: Any, mode: FakeTensorMode, holders: se
                 for name, t in list(tab.items()):
                     if t is not None:
                         tab[name] = nn.Parameter(_real_like(t, 0.02), t.requires_grad) if is_param else _real_like(t, 0.0)
-        real = {k: _real_value(v) for k, v in inputs.items()} if isinstance(inputs, dict) else \
-            tuple(_real_value(v) for v in inputs)
+        real = _real_inputs(inputs, real_inputs)
         recorded, error = record_inputs(root, real, contextlib.nullcontext(), holders, extra_kwargs)
     except Exception as exc:  # noqa: BLE001
         return {}, f"{type(exc).__name__}: {exc}"
@@ -107,9 +109,40 @@ def _record_real(root: nn.Module, inputs: Any, mode: FakeTensorMode, holders: se
         for tab, old in saved:
             tab.clear()
             tab.update(old)
-    to_fake = lambda v: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v  # noqa: E731
-    return {p: (tuple(to_fake(a) for a in args), {k: to_fake(v) for k, v in kw.items()})
-            for p, (args, kw) in recorded.items()}, error
+    fake = {p: (tuple(_to_fake(a, mode) for a in args), {k: _to_fake(v, mode) for k, v in kw.items()})
+            for p, (args, kw) in recorded.items()}
+    return {p: (*fake[p], _integers(args, kw)) for p, (args, kw) in recorded.items()}, error
+
+
+def _to_fake(v: Any, mode: FakeTensorMode) -> Any:
+    return mode.from_tensor(v) if isinstance(v, torch.Tensor) else v
+
+
+def _integers(args: tuple, kwargs: dict) -> dict[Any, torch.Tensor]:
+    """The real integer or bool tensors among recorded inputs (``cu_seqlens``, position ids, masks), by
+    position or keyword: :func:`capture_one` passes them as constants when export fails on a
+    data-dependent size."""
+    from normaudit.capture import constant_inputs
+
+    return {**constant_inputs(args, args), **constant_inputs(kwargs, kwargs)}
+
+
+def _real_inputs(inputs: Any, given: Any) -> Any:
+    """Real tensors for the fake example ``inputs`` (a tuple or dict): the ``given`` real tensor of the same
+    key or position and shape when there is one (cast to the fake one's dtype), else :func:`_real_value`."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def pick(v: Any, g: Any) -> Any:
+        if (isinstance(v, torch.Tensor) and isinstance(g, torch.Tensor) and not isinstance(g, FakeTensor)
+                and g.device.type == "cpu" and tuple(g.shape) == tuple(int(s) for s in v.shape)):
+            return g.detach().to(v.dtype)
+        return _real_value(v)
+
+    if isinstance(inputs, dict):
+        given = given if isinstance(given, dict) else {}
+        return {k: pick(v, given.get(k)) for k, v in inputs.items()}
+    given = tuple(given) if isinstance(given, (tuple, list)) else ()
+    return tuple(pick(v, given[i] if i < len(given) else None) for i, v in enumerate(inputs))
 
 
 def _real_like(t: torch.Tensor, std: float) -> torch.Tensor:
@@ -131,27 +164,38 @@ def _real_value(v: Any) -> Any:
     return torch.randint(0, 2, shape, dtype=v.dtype)
 
 
-def capture_one(mod: nn.Module, args: tuple, kwargs: dict, mode: FakeTensorMode) -> Any:
+def capture_one(mod: nn.Module, args: tuple, kwargs: dict, mode: FakeTensorMode,
+                fixed: Optional[dict[Any, torch.Tensor]] = None) -> Any:
     """Capture one module on recorded fake inputs: ``symbolic_trace`` (without keyword inputs only), then
-    ``export``. Returns a :class:`normaudit.capture.Capture` (``gm`` None when both fail)."""
+    ``export``, then, after a data-dependent failure, ``export`` with the real integer inputs ``fixed``
+    (``{position or keyword: tensor}``, from a real run) as constants. Returns a
+    :class:`normaudit.capture.Capture` (``gm`` None when all fail)."""
     from normaudit.capture import Capture, _export, _one_line, _quiet, _root_cause, _symbolic_trace
+
+    from normaudit.capture import data_dependent
 
     attempts: list[CaptureAttempt] = []
     modules = dict(mod.named_modules())
-    methods = ["export"] if kwargs else ["symbolic_trace", "export"]  # fx tracing sees no keyword inputs
-    for method in methods:
+    methods = [("export", {})] if kwargs else [("symbolic_trace", {}), ("export", {})]  # fx sees no keywords
+    if fixed:
+        methods.append(("export", fixed))
+    for method, consts in methods:
+        if consts and not data_dependent((attempts[-1].error if attempts else None) or ""):
+            continue
         t0 = time.perf_counter()
         try:
             with _quiet():
                 if method == "symbolic_trace":
                     gm, user = _symbolic_trace(mod, args, mode)
                 else:
-                    gm, user = _export(mod, args, mode, kwargs=kwargs)
+                    gm, user = _export(mod, args, mode, kwargs=kwargs, fixed=consts)
         except Exception as exc:  # noqa: BLE001
-            attempts.append(CaptureAttempt(method=method, ok=False, error=_one_line(_root_cause(exc)),
+            label = f"{method} (integer inputs as constants)" if consts else method
+            attempts.append(CaptureAttempt(method=label, ok=False, error=_one_line(_root_cause(exc)),
                                            seconds=round(time.perf_counter() - t0, 3)))
             continue
-        attempts.append(CaptureAttempt(method=method, ok=True, seconds=round(time.perf_counter() - t0, 3)))
+        label = f"{method} (integer inputs as constants)" if consts else method
+        attempts.append(CaptureAttempt(method=label, ok=True, seconds=round(time.perf_counter() - t0, 3)))
         return Capture(gm=gm, method=method, attempts=attempts, root=mod, modules=modules, user_inputs=user)
     return Capture(gm=None, method="module_walk", attempts=attempts, root=mod, modules=modules)
 
@@ -166,8 +210,10 @@ def _describe(args: tuple, kwargs: dict) -> list[str]:
 
 
 def capture_parts(root: nn.Module, inputs: Any, mode: FakeTensorMode, norm_paths: list[str],
-                  extra_kwargs: Optional[dict[str, Any]] = None) -> tuple[list[PartCapture], Optional[str]]:
+                  extra_kwargs: Optional[dict[str, Any]] = None,
+                  real_inputs: Any = None) -> tuple[list[PartCapture], Optional[str]]:
     """Capture the parts of ``root`` that hold the norm modules ``norm_paths`` (see the module docstring).
+    ``real_inputs``: the real example inputs ``inputs`` were made from, for the real run (:func:`_record_real`).
 
     Returns the captured parts (outermost first, none nested in another) and the error that stopped the
     eager forward (None when it ran through). Never raises.
@@ -179,7 +225,7 @@ def capture_parts(root: nn.Module, inputs: Any, mode: FakeTensorMode, norm_paths
     holders.discard("")
     recorded, error = record_inputs(root, inputs, mode, holders, extra_kwargs)
     if error is not None and len(recorded) < len(holders):
-        more, real_error = _record_real(root, inputs, mode, holders, extra_kwargs)
+        more, real_error = _record_real(root, inputs, mode, holders, extra_kwargs, real_inputs)
         if len(more) > len(recorded):
             recorded, error = more, real_error
     found: list[PartCapture] = []
@@ -197,8 +243,8 @@ def _visit(root: nn.Module, path: str, holders: set[str], recorded: dict, mode: 
     mod = root.get_submodule(path)
     if path in recorded and budget["attempts"] < MAX_ATTEMPTS and time.perf_counter() < budget["until"]:
         budget["attempts"] += 1
-        args, kwargs = recorded[path]
-        sub = capture_one(mod, args, kwargs, mode)
+        args, kwargs, *real = recorded[path]
+        sub = capture_one(mod, args, kwargs, mode, real[0] if real else None)
         if sub.gm is not None:
             found.append(PartCapture(path=path, capture=sub, inputs=_describe(args, kwargs)))
             return

@@ -52,6 +52,10 @@ def cfg_value(config: Any, names: tuple[str, ...], subs: tuple[str, ...] = (), d
     return default
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
 def _pair(size: Any) -> tuple[int, int]:
     if isinstance(size, dict):
         size = size.get("height", size.get("shortest_edge", SIDE)), size.get("width", size.get("shortest_edge", SIDE))
@@ -76,11 +80,15 @@ def _image(config: Any) -> torch.Tensor:
 
 
 def _features(config: Any) -> Iterator[torch.Tensor]:
-    """Spectrogram candidates: Whisper-style ``(B, mel, 2 * max_source_positions)``, then ``(B, frames, F)``."""
+    """Spectrogram candidates: Whisper-style ``(B, mel, 2 * max_source_positions)``, Qwen3-ASR-style
+    ``(B, mel, 2 * n_window)``, then ``(B, frames, F)``."""
     mel = cfg_value(config, ("num_mel_bins",), _AUDIO)
     positions = cfg_value(config, ("max_source_positions",), _AUDIO)
     if mel and positions:
         yield torch.randn(BATCH, int(mel), 2 * int(positions))
+    window = cfg_value(config, ("n_window",), _AUDIO)
+    if mel and _is_int(window):  # Qwen3-ASR: frames a multiple of two attention windows
+        yield torch.randn(BATCH, int(mel), 2 * int(window))
     per = cfg_value(config, ("input_feat_per_channel",), _AUDIO)
     if per:
         yield torch.randn(BATCH, FRAMES, int(per) * int(cfg_value(config, ("input_channels",), _AUDIO, 1)))
@@ -103,14 +111,17 @@ def _values(config: Any) -> Iterator[torch.Tensor]:
     yield torch.randn(BATCH, 1, SAMPLES)
 
 
-def _patches(config: Any) -> torch.Tensor:
+def _patches(config: Any) -> Iterator[torch.Tensor]:
     """Qwen2-VL-style flattened patches ``(B * g * g, C * temporal_patch * patch * patch)`` for a ``g x g``
-    patch grid per image (``g`` = 2 merge windows), with :func:`_grid` giving ``image_grid_thw``."""
+    patch grid per image (``g`` = 2 merge windows), with :func:`_grid` giving ``image_grid_thw``; then the
+    same patches unflattened, ``(B * g * g, C, patch, patch)`` (Kimi-K2.5's tower convolves each patch)."""
     g = _grid_side(config)
     channels = int(cfg_value(config, ("in_channels", "num_channels"), _VISION, 3))
     temporal = int(cfg_value(config, ("temporal_patch_size",), _VISION, 1))
     patch = int(cfg_value(config, ("patch_size",), _VISION, 14))
-    return torch.randn(BATCH * g * g, channels * temporal * patch * patch)
+    yield torch.randn(BATCH * g * g, channels * temporal * patch * patch)
+    if temporal == 1:
+        yield torch.randn(BATCH * g * g, channels, patch, patch)
 
 
 def _grid_side(config: Any) -> int:
@@ -122,6 +133,19 @@ def _grid(config: Any) -> torch.Tensor:
     return torch.tensor([[1, g, g]] * BATCH, dtype=torch.int64)
 
 
+def _merge_sizes(config: Any) -> torch.Tensor:
+    """VideoLLaMA3-style ``merge_sizes``: one spatial merge size per image of :func:`_grid`."""
+    merge = int(cfg_value(config, ("spatial_merge_size", "merge_size"), _VISION, 1))
+    return torch.tensor([merge] * BATCH, dtype=torch.int64)
+
+
+def _mel_frames(config: Any) -> Iterator[torch.Tensor]:
+    """Gemma3n-style ``audio_mel`` ``(B, frames, mel)`` (``input_feat_size`` or ``num_mel_bins`` wide)."""
+    mel = cfg_value(config, ("input_feat_size", "num_mel_bins", "feature_size"), _AUDIO)
+    if mel:
+        yield torch.randn(BATCH, FRAMES, int(mel))
+
+
 def _one(fn: Callable[[Any], torch.Tensor]) -> Callable[[Any], Iterator[torch.Tensor]]:
     return lambda config: iter([fn(config)])
 
@@ -130,13 +154,20 @@ def _one(fn: Callable[[Any], torch.Tensor]) -> Callable[[Any], Iterator[torch.Te
 BUILDERS: dict[str, Callable[[Any], Iterator[torch.Tensor]]] = {
     "input_ids": _one(_text_ids), "decoder_input_ids": _one(_text_ids), "pixel_values": _one(_image),
     "pixel_values_videos": _one(_image), "input_features": _features, "input_values": _values,
+    "audio_mel": _mel_frames,
 }
 #: inputs given besides ``main_input_name`` when ``forward`` takes them: the other towers of a multimodal model
 COMPANIONS = ("input_ids", "pixel_values", "input_features")
 #: when ``forward`` takes the key, the inputs are built by the value's builders instead (patch-list VLMs)
 VARIANTS: dict[str, dict[str, Callable[[Any], Iterator[torch.Tensor]]]] = {
-    "image_grid_thw": {"pixel_values": _one(_patches), "image_grid_thw": _one(_grid)},
+    "image_grid_thw": {"pixel_values": _patches, "image_grid_thw": _one(_grid)},
+    # vision towers of patch-list VLMs called alone: ``forward(pixel_values | hidden_states, grid_thw)``
+    "grid_thw": {"pixel_values": _patches, "hidden_states": _patches, "grid_thw": _one(_grid),
+                 "merge_sizes": _one(_merge_sizes)},
 }
+#: required forward parameters ending so are masks over the time axis of the input they name the prefix
+#: of (``input_features_mask``, ``audio_mel_mask``): all positions valid
+_MASK_SUFFIX = "_mask"
 
 
 def _forward_params(model: Any) -> dict[str, inspect.Parameter]:
@@ -147,15 +178,37 @@ def _forward_params(model: Any) -> dict[str, inspect.Parameter]:
         return {}
 
 
-def _wanted(model: nn.Module, config: Any, params: dict[str, inspect.Parameter]) -> list[str]:
-    """The forward inputs to build: the main input, the other modalities' inputs, decoder inputs."""
+def _named(params: dict[str, inspect.Parameter]) -> list[str]:
+    """Named parameters of ``forward`` (not ``*args``/``**kwargs``), in order."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [n for n, p in params.items() if p.kind in kinds and n != "self"]
+
+
+def _required(params: dict[str, inspect.Parameter]) -> list[str]:
+    """Named parameters of ``forward`` without a default: inputs the model cannot run without."""
+    return [n for n in _named(params) if params[n].default is inspect.Parameter.empty]
+
+
+def _wanted(model: nn.Module, config: Any, params: dict[str, inspect.Parameter],
+            builders: Optional[dict[str, Callable[[Any], Iterator[torch.Tensor]]]] = None) -> list[str]:
+    """The forward inputs to build: the main input, the other modalities' inputs, decoder inputs.
+
+    The main input is ``main_input_name`` when ``forward`` names it; else (a tower that inherits
+    ``input_ids`` as its main input name but takes ``pixel_values``/``hidden_states``) the first required
+    parameter a builder knows. A required parameter ``forward`` cannot run without, that a builder knows,
+    is added too (``grid_thw``, ``merge_sizes``)."""
+    builders = BUILDERS if builders is None else builders
+    named, required = _named(params), _required(params)
     main = getattr(model, "main_input_name", None)
-    names = [main] if main in BUILDERS else []
+    if named and main not in named:
+        main = next((n for n in required if n in builders), None)
+    names = [main] if main in builders else []
     for extra in COMPANIONS:
         if extra in params and extra not in names and _has_modality(config, extra):
             names.append(extra)
     if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False):
         names.append("decoder_input_ids")
+    names += [n for n in required if n in builders and n not in names and names]
     return names
 
 
@@ -170,7 +223,7 @@ def _has_modality(config: Any, name: str) -> bool:
 
 def _describe(kwargs: dict[str, Any]) -> str:
     def one(k: str, v: torch.Tensor) -> str:
-        kind = "int64" if v.dtype == torch.int64 else "float"
+        kind = "int64" if v.dtype == torch.int64 else "bool" if v.dtype == torch.bool else "float"
         return f"{k} {kind} {tuple(v.shape)}"
 
     return ", ".join(one(k, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor))
@@ -189,21 +242,40 @@ def infer_hf_inputs(model: nn.Module) -> Optional[tuple[Any, str]]:
     if config is None or name is None:
         return None
     params = _forward_params(model)
-    names = _wanted(model, config, params)
-    if not names:
-        return None
     builders = dict(BUILDERS)
     for key, variant in VARIANTS.items():
-        if key in params and "pixel_values" in names:
+        if key in params:
             builders.update(variant)
-            names.append(key)
+    names = _wanted(model, config, params, builders)
+    if not names:
+        return None
+    if any(n in names for n in ("pixel_values", "hidden_states")):  # the grid of a patch list goes with it
+        names += [n for key, variant in VARIANTS.items() if key in params
+                  for n in variant if n in params and n not in names]
     choices = {n: list(builders[n](config)) for n in names}
     if any(not c for c in choices.values()):
         return None
-    first = {n: c[0] for n, c in choices.items()}
+    first = _with_masks(params, {n: c[0] for n, c in choices.items()})[0]
     kwargs = _pick(model, params, choices) or first
     kwargs = _with_image_tokens(model, config, kwargs, params)
     return kwargs, _describe(kwargs)
+
+
+def _with_masks(params: dict[str, inspect.Parameter], combo: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
+    """``combo`` completed with the required ``<input>_mask`` parameters of ``forward`` (all ones, bool,
+    over the time axis of ``<input>``): one candidate with the time axis at dim 1 (``(B, T, F)``), one at
+    the last dim (``(B, mel, T)``). ``[combo]`` when ``forward`` requires no such mask."""
+    masks = [(n, n[: -len(_MASK_SUFFIX)]) for n in _required(params)
+             if n.endswith(_MASK_SUFFIX) and n[: -len(_MASK_SUFFIX)] in combo and n not in combo]
+    if not masks:
+        return [combo]
+    out = []
+    for dim in (1, -1):
+        extra = {m: torch.ones(BATCH, combo[src].shape[dim], dtype=torch.bool)
+                 for m, src in masks if combo[src].dim() >= 3}
+        if len(extra) == len(masks):
+            out.append({**combo, **extra})
+    return out or [combo]
 
 
 def _combinations(choices: dict[str, list[torch.Tensor]], limit: int = 12) -> Iterator[dict[str, torch.Tensor]]:
@@ -227,8 +299,9 @@ def _pick(model: nn.Module, params: dict, choices: dict[str, list[torch.Tensor]]
     if not _on_meta(model):
         return None
     for combo in _combinations(choices):
-        if _runs_on_meta(model, params, _with_image_tokens(model, model.config, combo, params)):
-            return combo
+        for candidate in _with_masks(params, combo):
+            if _runs_on_meta(model, params, _with_image_tokens(model, model.config, candidate, params)):
+                return candidate
     return None
 
 
