@@ -93,6 +93,36 @@ class WeightStats(_Model):
     missing: list[str] = Field(default_factory=list)
     unexpected: list[str] = Field(default_factory=list)
     renamed: dict[str, str] = Field(default_factory=dict)
+    #: where the gains centre (:meth:`classify_centre`): ``zero`` (a (1 + weight) norm's saved gains), ``one``
+    #: (a weight-scaling norm's), None for neither (trained gains elsewhere, no gain)
+    gain_centre: Optional[Literal["zero", "one"]] = None
+    #: model + checkpoint: parameters whose checkpoint tensor has another shape than the model's (a k_norm
+    #: saved with q_norm's size under grouped-query attention)
+    shape_mismatch: list["ShapeMismatch"] = Field(default_factory=list)
+
+    def classify_centre(self) -> None:
+        """Set ``gain_centre`` from the gain statistics: ``zero`` when |mean| <= 0.25 with at least 20%
+        of the gains negative (NC101's thresholds), ``one`` when |mean - 1| <= 0.2 with at most 2% negative
+        (NC102's); otherwise None."""
+        m, neg = self.gain_mean, self.gain_negative_fraction
+        if m is None or neg is None:
+            self.gain_centre = None
+        elif abs(m) <= 0.25 and neg >= 0.2:
+            self.gain_centre = "zero"
+        elif abs(m - 1) <= 0.2 and neg <= 0.02:
+            self.gain_centre = "one"
+        else:
+            self.gain_centre = None
+
+
+class ShapeMismatch(_Model):
+    """A norm parameter whose checkpoint tensor has another shape than the model's: ``key`` the model's
+    ``state_dict`` key, ``checkpoint_key`` the checkpoint's, and both shapes."""
+
+    key: str
+    checkpoint_key: str
+    model_shape: list[int]
+    checkpoint_shape: list[int]
 
 
 class SizeProbe(_Model):

@@ -154,3 +154,46 @@ def test_norm_eval_override_and_a_fully_frozen_model_are_not_flagged():
     assert _freeze(site(teacher, "backbone.bn1")) == (True, True, False, False, ["Backbone.train"])
     assert _freeze(site(teacher, "stats_bn")) == (True, True, False, True, ["Backbone.train"])
     assert not [f for f in teacher.findings if f.rule_id == "NB109"]
+
+
+# -- item 7: gain conventions against the checkpoint, shapes ------------------------------------------------
+CHECKPOINT = FIXTURES / "checkpoint"
+
+
+def test_gain_centre_per_module_against_the_graph_convention(tmp_path):
+    """Every site: its gain form from the graph, its checkpoint centre; the final norm is the odd one out."""
+    from test_eps import audit_fixture
+
+    report, _ = audit_fixture(CHECKPOINT / "NC108_1.py", family_rules("checkpoint"), tmp_path)
+    got = {s.module: (s.formula.gain, s.weights.gain_centre) for s in report.sites}
+    assert got == {"layers.0.input_layernorm": ("one_plus_weight", "zero"),
+                   "layers.0.post_attention_layernorm": ("one_plus_weight", "zero"),
+                   "layers.1.input_layernorm": ("one_plus_weight", "zero"),
+                   "layers.1.post_attention_layernorm": ("one_plus_weight", "zero"),
+                   "norm": ("one_plus_weight", "one")}
+    # the per-module rule says what the doubled offset does; the model-level one that the file mixes centres
+    assert {(f.rule_id, f.module) for f in report.findings} == {("NC102", "norm"), ("NC108", "norm")}
+
+
+def test_checkpoint_alone_with_two_centres_is_info(tmp_path):
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(0)
+    sd = {f"layers.{i}.input_layernorm.weight": torch.randn(16, generator=gen) * 0.05 for i in range(3)}
+    sd["norm.weight"] = 1 + torch.randn(16, generator=gen) * 0.05
+    save_file(sd, str(tmp_path / "w.safetensors"))
+    r = audit_file(tmp_path / "w.safetensors", family_rules("checkpoint"))
+    assert {s.module: s.weights.gain_centre for s in r.sites} == {
+        "layers.0.input_layernorm": "zero", "layers.1.input_layernorm": "zero", "layers.2.input_layernorm": "zero",
+        "norm": "one"}
+    (f,) = [f for f in r.findings if f.rule_id == "NC108"]
+    assert (f.module, f.severity) == ("norm", "info")
+
+
+def test_k_norm_sized_like_q_norm_is_a_shape_mismatch(tmp_path):
+    from test_eps import audit_fixture
+
+    report, _ = audit_fixture(CHECKPOINT / "NC109_1.py", family_rules("checkpoint"), tmp_path)
+    (m,) = site(report, "k_norm").weights.shape_mismatch
+    assert (m.key, m.checkpoint_key, m.model_shape, m.checkpoint_shape) == ("k_norm.weight", "k_norm.weight", [32], [8])
+    assert site(report, "q_norm").weights.shape_mismatch == []

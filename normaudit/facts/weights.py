@@ -35,7 +35,7 @@ from typing import Any, Optional
 from torch import fx, nn
 
 from normaudit.capture.ir import NEUTRAL_OPS, NORM_OPS, arg, op_name, scalar_operand
-from normaudit.report import WeightStats
+from normaudit.report import ShapeMismatch, WeightStats
 
 __all__ = ["GAIN_LEAVES", "BIAS_LEAVES", "param_roles", "site_param_names", "analyse"]
 
@@ -203,7 +203,8 @@ def analyse(ctx: Any, records: list) -> list[str]:
         return []
     root = cap.root
     library = type(getattr(root, "config", None)).__module__.split(".")[0] == "transformers"
-    model_keys = list(root.state_dict().keys())
+    model_shapes = {k: list(v.shape) for k, v in root.state_dict().items()}
+    model_keys = list(model_shapes)
     # Names the site lacks are asked of the checkpoint only for a module that is the norm itself (all its own
     # parameters belong to the site): under a block calling F.layer_norm, an extra key is not the norm's.
     real = set(model_keys)
@@ -225,8 +226,26 @@ def analyse(ctx: Any, records: list) -> list[str]:
     for site, names, roles in per_site:
         ws = _site_weights(ckpt, site, names, roles, mapping, library, real)
         if ws is not None:
+            ws.shape_mismatch = _shape_mismatch(ckpt, site, names, mapping, model_shapes)
             site.weights = ws
     return notes
+
+
+def _shape_mismatch(ckpt, site, names: list[str], mapping: dict[str, str],
+                    model_shapes: dict[str, list[int]]) -> list[ShapeMismatch]:
+    """The site's parameters whose checkpoint tensor has another shape than the model's: ``load_state_dict``
+    raises on them, and loaders that tolerate it (transformers' ``ignore_mismatched_sizes``, conversion scripts
+    that copy what fits) leave the norm at its initial values or with a slice of another norm's gains."""
+    out = []
+    for n in names:
+        key = _fqn(site.module, n)
+        ck = mapping.get(key)
+        if ck is None or key not in model_shapes:
+            continue
+        have = [int(d) for d in ckpt.shape(ck)]
+        if have != model_shapes[key]:
+            out.append(ShapeMismatch(key=key, checkpoint_key=ck, model_shape=model_shapes[key], checkpoint_shape=have))
+    return out
 
 
 def _site_weights(ckpt, site, names: list[str], roles: dict[str, str], mapping: dict[str, str],

@@ -897,6 +897,7 @@ def group_weight_stats(ckpt: Checkpoint, keys: Iterable[str], *, gain: Optional[
         initial = ((rm is None or bool((rm == 0).all())) and (rv is None or bool((rv == 1).all()))
                    and not stats.num_batches_tracked)
         stats.running_state = "initial" if initial else "trained"
+    stats.classify_centre()
     return stats
 
 
