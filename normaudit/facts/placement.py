@@ -623,6 +623,52 @@ def _reaches_scores(g: _Graph, start: fx.Node, residual: dict[fx.Node, ResidualA
     return False
 
 
+def _contracted_by_scores(g: _Graph, info: "_SiteInfo") -> bool:
+    """The dims a q/k norm reduces over are the dims its attention scores contract, followed from the
+    norm's output through transposes/permutes to a ``matmul`` (left operand: its last dim; right operand: its
+    second-to-last) or ``sdpa`` (q and k: their last dim). True for the usual q/k norm over head_dim
+    (Dehghani et al. 2023) and for cross-covariance attention, which L2-normalises q and k over the tokens
+    because its scores are a channel x channel map (XCiT, El-Nouby et al. 2021, arXiv 2106.09681, eq. 3;
+    timm edgenext CrossCovarianceAttn)."""
+    dims, rank = info.rec.site.reduced_dims, len(shape(info.out) or ())
+    if not dims or not rank:
+        return False
+    todo, seen = [(info.out, {d % rank for d in dims})], 0
+    while todo and seen < 64:
+        n, red = todo.pop()
+        seen += 1
+        for u in n.users:
+            name, nd = op_name(u), len(shape(u) or ())
+            if g.is_alias(u) and name not in ("transpose", "permute") and shape(u) == shape(n) and u.args[0] is n:
+                todo.append((u, red))
+            elif name in ("transpose", "permute") and u.args[0] is n and nd == rank:
+                perm = _permutation(u, rank)
+                if perm is not None:
+                    todo.append((u, {perm.index(d) for d in red}))
+            elif name in ("matmul", "sdpa") and nd:
+                pos = [i for i, a in enumerate(u.args[:2]) if a is n]
+                if pos:
+                    want = rank - 1 if (pos[0] == 0 or name == "sdpa") else rank - 2
+                    return red == {want}
+    return False
+
+
+def _permutation(node: fx.Node, rank: int) -> Optional[list[int]]:
+    """The dim order of a ``transpose``/``permute`` node's output (``out[i] = in[perm[i]]``)."""
+    args = [a for a in node.args[1:]] or list(node.kwargs.values())
+    if len(args) == 1 and isinstance(args[0], (list, tuple)):
+        args = list(args[0])
+    if not all(isinstance(a, int) for a in args):
+        return None
+    if op_name(node) == "transpose" and len(args) == 2:
+        perm = list(range(rank))
+        a, b = args[0] % rank, args[1] % rank
+        perm[a], perm[b] = perm[b], perm[a]
+        return perm
+    perm = [a % rank for a in args]
+    return perm if sorted(perm) == list(range(rank)) else None
+
+
 def _stream_reach(g: _Graph, start: fx.Node, residual: dict[fx.Node, ResidualAdd]) -> list[ResidualAdd]:
     """Residual adds that take ``start`` forward as their skip (the stream), not through a branch."""
     out: list[ResidualAdd] = []
@@ -693,6 +739,8 @@ def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
             continue
         if _reaches_scores(g, info.out, residual):
             info.placement = "qk"
+            if _contracted_by_scores(g, info):
+                info.rec.site.extra["contracted_by_scores"] = True
             continue
         _branch_placement(g, info, adds)
 
@@ -714,7 +762,8 @@ def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
             # its output is the skip of the next residual add: a norm on the stream
             info.placement = "post" if (info.block is not None or after_add) else "embedding"
             closes = info.inp in residual and residual[info.inp].block == info.block
-            if direct[0].block == info.block and not closes and _reads_stream(g, info.inp, residual):
+            if direct[0].block == info.block and not closes and _reads_stream(g, info.inp, residual) \
+                    and not _reembedded(g, direct[0], ahead, add_mask):
                 skip_from_norm.append((info, direct[0]))
         elif ahead:
             info.placement = "embedding"  # feeds a projection that (re-)embeds the stream (patch merging)
@@ -797,6 +846,34 @@ def _reads_stream(g: _Graph, node: fx.Node, residual: dict[fx.Node, ResidualAdd]
         elif (name in ("mul", "div") or name in GUARD_OPS) and isinstance(n.args[0], fx.Node):
             todo.append(g.strip(n.args[0]))  # emb * sqrt(d); not x * mask (a mask is no stream)
     return False
+
+
+def _reembedded(g: _Graph, first: ResidualAdd, ahead: list[ResidualAdd], add_mask: int) -> bool:
+    """The stream a norm's output starts (``first``, the add it is the skip of, then the adds of ``ahead``
+    that take the previous one as their skip) ends in
+    weighted ops that re-embed it for later residual adds, not in a norm: a downsampler's local residual
+    block followed by its reduction conv (timm gcvit Downsample2d: ``norm1 -> x + f(x) -> conv``). The
+    identity path across the stages is cut by that projection on purpose, so the norm before the local block
+    loses nothing. In ``x = norm(x); x = x + f(x)`` repeated over a stack the stream goes on into the next
+    block's norm (or to the head, with no residual add after it)."""
+    last = first.node
+    for _ in range(len(ahead)):
+        nxt = next((a for a in ahead if g.strip(a.skip) is last), None)
+        if nxt is None:
+            break
+        last = nxt.node
+    todo, ends = [last], []
+    for _ in range(64):
+        if not todo:
+            break
+        n = todo.pop()
+        for u in g._real_users(n):
+            if g.is_alias(u) and u.args[0] is n:
+                todo.append(u)
+            else:
+                ends.append(u)
+    return bool(ends) and all(g.is_weighted(u) and u not in g.norm_nodes and g.desc[g.idx[u]] & add_mask
+                              for u in ends)
 
 
 def _own_nodes(g: _Graph, info: "_SiteInfo") -> set[fx.Node]:
