@@ -1,7 +1,8 @@
 """Command line (CONTRACT.md):
 
     normaudit [TARGET ...] [--config PATH] [--checkpoint PATH] [--dtype float32|float16|bfloat16]
-                     [--batch-size N] [--format FMT [-o FILE]]... [--fail-on error|warning|info|never]
+                     [--batch-size N] [--format FMT [-o FILE]]... [-q] [--statistics] [--project-root DIR]
+                     [--fail-on error|warning|info|never]
                      [--select IDS] [--ignore IDS] [--rules DIR] [--input-axes B,C,H,W]
                      [--baseline FILE] [--write-baseline FILE] [--settings FILE] [--isolated]
                      [--timeout SECONDS]
@@ -17,7 +18,10 @@ settings.
 Outputs: each ``-o FILE`` belongs to the ``--format`` just before it (or, given first, the next one); a
 format without ``-o`` goes to stdout, and at most one may. With several targets, ``json`` is one document
 ``{"tool", "version", "reports": [...], "errors": [...], "summary"}``; with one target it is exactly the
-report object of CONTRACT.md. ``sarif`` merges the targets' runs into one log.
+report object of CONTRACT.md. ``sarif`` is one log with one run holding every target's results (paths
+relative to ``--project-root``, default the git top level); ``concise`` sorts all targets' lines together
+under one summary. ``-q/--quiet`` leaves the findings only and ``--statistics`` prints the findings per rule
+instead, in the human formats (``text``, ``concise``), which are coloured on a terminal without ``NO_COLOR``.
 
 Each target's user code (import, build, capture, probes) runs in a worker process under ``--timeout``
 seconds (:mod:`normaudit.worker`): a hang or a crash of the model's code is exit 2 naming the phase. No
@@ -592,6 +596,8 @@ def _cmd_audit(argv: Sequence[str]) -> int:
     for spec in outputs:
         if spec.path is not None:
             check_writable(spec.path)
+    if args.project_root is not None and not Path(args.project_root).is_dir():
+        raise UsageError("--project-root: no such directory", file=args.project_root)
     if args.write_baseline:
         check_writable(args.write_baseline, "baseline")
     rules_dirs = args.rules if args.rules is not None else list(settings.rules)

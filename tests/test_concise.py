@@ -155,6 +155,31 @@ def test_cli_concise_quiet_and_statistics(capsys, tmp_path, monkeypatch):
     assert [ln.split()[:3] for ln in stats.splitlines()] == [["2", "NZ001", "[error]"], ["1", "NZ002", "[warning]"]]
 
 
+def test_cli_colours_a_terminal_stdout_unless_NO_COLOR(capsys, tmp_path, monkeypatch):
+    import sys
+
+    from normaudit import cli
+
+    monkeypatch.chdir(tmp_path)
+    spec = cli.OutputSpec("concise", None)
+    args = cli.audit_parser().parse_args(["x.py"])
+    monkeypatch.setattr(sys, "stdout", _Stream(True))
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert cli.render_options(args, spec).color is True
+    assert cli.render_options(args, cli.OutputSpec("concise", "out.txt")).color is False  # a file: never
+    assert cli.render_options(args, cli.OutputSpec("json", None)).color is False
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert cli.render_options(args, spec).color is False
+
+
+def test_cli_project_root_must_be_a_directory(capsys, tmp_path, monkeypatch):
+    shutil.copy(CLI_FIXTURES / "tiny.py", tmp_path / "tiny.py")
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = _cli(capsys, "tiny.py", "--format", "sarif", "--project-root", "nowhere", *TEST_RULES)
+    assert (rc, out) == (2, "")
+    assert err == "normaudit: error: nowhere: --project-root: no such directory\n"
+
+
 # ------------------------------------------------------------------------- the reference cases, line by line
 EXPECTED = {
     'N01_seq_rmsnorm': [

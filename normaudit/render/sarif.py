@@ -23,7 +23,7 @@ rule); every finding of every target is one ``result``:
 The shape follows the OASIS SARIF 2.1.0 standard (errata 01) and GitHub's "SARIF support for code
 scanning" (docs.github.com/en/code-security/code-scanning/integrating-with-code-scanning/
 sarif-support-for-code-scanning); ``tests/data/sarif-2.1.0.schema.json`` is the official schema the
-tests validate against, and ``tests/test_sarif_github.py`` checks GitHub's upload requirements.
+tests validate against, and ``tests/test_sarif.py`` checks GitHub's upload requirements.
 """
 from __future__ import annotations
 
