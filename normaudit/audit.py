@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -28,31 +27,9 @@ from normaudit.target.config import is_library, load_config, model_configs
 from normaudit.target import ModelUnderAudit, load_model
 from normaudit.target.inputs import infer_inputs
 from normaudit.worker import phase
+from normaudit.options import AuditOptions, exit_status  # noqa: F401 - torch-free home (issue 14); imported from here too
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-@dataclass
-class AuditOptions:
-    """What one audit run is asked to do (the CLI flags, after config-file merging)."""
-
-    target: str
-    config: Optional[str] = None
-    checkpoint: Optional[str] = None
-    dtype: str = "float32"
-    batch_size: Optional[int] = None
-    rules_dirs: list[str] = field(default_factory=list)
-    select: list[str] = field(default_factory=list)
-    ignore: list[str] = field(default_factory=list)
-    input_axes: Optional[str] = None
-    probes: list[str] = field(default_factory=list)
-    #: ``{module glob: [rule ids, prefixes, names or categories]}`` dropped after evaluation (normaudit.suppress).
-    per_module_ignores: dict[str, list[str]] = field(default_factory=dict)
-    #: A configuration mapping given in memory (``normaudit.testing``); wins over ``config``.
-    config_data: Optional[dict[str, Any]] = None
-    #: ``--max-params``: the most parameters ``--probe numerics`` builds for real (default
-    #: ``normaudit.probes.numerics.DEFAULT_MAX_PARAMS``); above it the audit is refused (exit 2)
-    max_params: Optional[int] = None
 
 
 def _selected(rule: Rule, select: list[str], ignore: list[str]) -> bool:
@@ -341,11 +318,3 @@ def run_audit(opts: AuditOptions, rules: Optional[dict[str, Rule]] = None) -> Re
     rules = rules if rules is not None else load_rules(opts.rules_dirs)
     mua = load_model(opts.target)
     return build_report(opts, mua, rules)
-
-
-def exit_status(report: Report, fail_on: str) -> int:
-    """0 when no finding is at or above ``fail_on`` (error|warning|info|never), else 1 (CONTRACT.md)."""
-    if fail_on == "never":
-        return 0
-    floor = SEVERITY_RANK[fail_on]
-    return 1 if any(SEVERITY_RANK[f.severity] >= floor for f in report.findings) else 0

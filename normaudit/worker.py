@@ -147,13 +147,7 @@ def _child(conn: Any, work: Callable[[], Any], target: str) -> None:
         # OpenMP's thread pool does not survive a fork of a process that used it (the worker would hang at the
         # first parallel op); one intra-op thread, as torch's DataLoader workers do.
         torch.set_num_threads(1)
-    try:
-        with user_code_output():
-            result = work()
-            phase("report")
-        message: tuple = ("report", result.model_dump_json())
-    except BaseException as exc:  # noqa: BLE001 - everything must travel back as one message
-        message = _describe(exc, target)
+    message = run_and_describe(work, target)
     with contextlib.suppress(OSError, ValueError):
         conn.send(message)
         conn.close()
@@ -163,10 +157,39 @@ def _child(conn: Any, work: Callable[[], Any], target: str) -> None:
     os._exit(0)  # now: threads the model's code left running must not keep the worker alive
 
 
+def run_and_describe(work: Callable[[], Any], target: str) -> tuple:
+    """Run ``work()`` here with the model's output kept off stdout (:func:`user_code_output`) and return the
+    message a worker sends: ``("report", json)``, or the description of the exception that ended it. What a
+    Ray task of :mod:`normaudit.runner` runs."""
+    try:
+        with user_code_output():
+            result = work()
+            phase("report")
+        return ("report", result.model_dump_json())
+    except BaseException as exc:  # noqa: BLE001 - everything must travel back as one message
+        return _describe(exc, target)
+
+
+def decode_message(message: tuple, result_type: type) -> Any:
+    """The result a worker's final ``message`` carries (a ``result_type`` pydantic model), or raise what it
+    describes: :class:`UsageError` (bad input, the model's exit) or :class:`WorkerError` (internal error)."""
+    kind = message[0]
+    if kind == "report":
+        return result_type.model_validate_json(message[1])
+    if kind == "usage":
+        raise UsageError(message[1], file=message[2], line=message[3])
+    if message[3]:
+        sys.stderr.write(message[3])
+    raise WorkerError(message[1], message[2])
+
+
 class Job:
     """One target's audit in a worker process: :meth:`start` forks it, :meth:`result` waits for it (at most
     ``timeout`` seconds after the start) and returns the report, or raises :class:`UsageError` (a timeout, a
-    crash, an exit, bad input) or :class:`WorkerError` (an internal error)."""
+    crash, an exit, bad input) or :class:`WorkerError` (an internal error).
+
+    Several jobs run at once with :func:`wait_any`, which returns those that have finished (a final message,
+    the worker's end, or the deadline passed); :meth:`result` of a finished job does not block."""
 
     def __init__(self, target: str, work: Callable[[], Any], timeout: float, result_type: type):
         self.target, self.work, self.timeout, self.result_type = target, work, float(timeout), result_type
@@ -174,6 +197,9 @@ class Job:
         self.process: Any = None
         self.conn: Any = None
         self.deadline = 0.0
+        self.finished = False
+        self.timed_out = False
+        self.message: Optional[tuple] = None
 
     def start(self) -> "Job":
         """Fork the worker; the deadline starts now."""
@@ -190,48 +216,51 @@ class Job:
         self.deadline = time.monotonic() + self.timeout
         return self
 
-    def result(self) -> Any:
-        """Wait for the worker's report (see the class docstring); the worker is gone when this returns."""
-        try:
-            message = self._wait()
-        except BaseException:
-            self.kill()
-            raise
-        finally:
-            self.conn.close()
-        self.process.join(5)
-        self.kill()
-        if message is None:
-            raise self._died()
-        kind = message[0]
-        if kind == "report":
-            return self.result_type.model_validate_json(message[1])
-        if kind == "usage":
-            raise UsageError(message[1], file=message[2], line=message[3])
-        if message[3]:
-            sys.stderr.write(message[3])
-        raise WorkerError(message[1], message[2])
+    def waitables(self) -> list:
+        """What :func:`multiprocessing.connection.wait` waits on for this job: its pipe and its process."""
+        return [self.conn, self.process.sentinel]
 
-    def _wait(self) -> Optional[tuple]:
-        """The worker's final message, None when it ended without one; UsageError past the deadline."""
-        while True:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                self.kill()
-                raise UsageError(f"timed out after {self.timeout:g} s while {self._doing()} (--timeout)",
-                                 file=self.target)
-            ready = multiprocessing.connection.wait([self.conn, self.process.sentinel], timeout=left)
-            if self.conn in ready:
-                try:
-                    message = self.conn.recv()
-                except (EOFError, OSError):
-                    return None
+    def poll(self) -> bool:
+        """Read the messages the worker has sent so far, without blocking; True once the job has finished
+        (its final message came, it ended without one, or its deadline passed: then it is killed)."""
+        if self.finished:
+            return True
+        try:
+            while self.conn.poll():
+                message = self.conn.recv()
                 if message[0] == "phase":
                     self.phase = message[1]
                     continue
-                return message
-            if self.process.sentinel in ready and not self.conn.poll():
-                return None
+                self.message, self.finished = message, True
+                return True
+        except (EOFError, OSError):
+            self.finished = True
+            return True
+        if not self.process.is_alive() and not self.conn.poll():
+            self.finished = True
+        elif time.monotonic() >= self.deadline:
+            self.kill()
+            self.finished = self.timed_out = True
+        return self.finished
+
+    def result(self) -> Any:
+        """Wait for the worker's report (see the class docstring); the worker is gone when this returns."""
+        try:
+            while not self.poll():
+                multiprocessing.connection.wait(self.waitables(), timeout=max(0.0, self.deadline - time.monotonic()))
+        except BaseException:
+            self.kill()
+            self.conn.close()
+            raise
+        self.conn.close()
+        self.process.join(5)
+        self.kill()
+        if self.timed_out:
+            raise UsageError(f"timed out after {self.timeout:g} s while {self._doing()} (--timeout)",
+                             file=self.target)
+        if self.message is None:
+            raise self._died()
+        return decode_message(self.message, self.result_type)
 
     def _doing(self) -> str:
         return PHASES.get(self.phase, self.phase)
@@ -256,6 +285,17 @@ class Job:
             self.process.kill()
         if self.process is not None:
             self.process.join(5)
+
+
+def wait_any(jobs: list[Job]) -> list[Job]:
+    """Block until at least one of the running ``jobs`` has finished (see :meth:`Job.poll`) and return the
+    finished ones, in the order given; ``jobs`` must not be empty."""
+    while True:
+        done = [job for job in jobs if job.poll()]
+        if done:
+            return done
+        left = min(job.deadline for job in jobs) - time.monotonic()
+        multiprocessing.connection.wait([w for job in jobs for w in job.waitables()], timeout=max(0.0, left))
 
 
 def run_isolated(target: str, work: Callable[[], Any], timeout: float, result_type: type) -> Any:

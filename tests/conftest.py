@@ -17,6 +17,13 @@ CASES = ROOT / "tests" / "data" / "cases"
 SHARED_CASES = ROOT.parent / "shared" / "cases"
 
 
+@pytest.fixture(autouse=True)
+def _no_result_cache(monkeypatch):
+    """The command line's result cache (normaudit.cache) is off in tests: a test that patches normaudit
+    in-process must not get the report of an earlier test; tests/test_cache.py turns it on."""
+    monkeypatch.setenv("NORMAUDIT_NO_CACHE", "1")
+
+
 @pytest.fixture(scope="session")
 def rules():
     return load_rules()

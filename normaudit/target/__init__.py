@@ -18,9 +18,10 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from torch import nn
+if TYPE_CHECKING:  # torch is imported by the loaders that need it (start-up without torch, issue 14)
+    from torch import nn
 
 from normaudit.errors import UsageError
 

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from normaudit.errors import UsageError
+from normaudit.options import split_target  # noqa: F401 - torch-free home (issue 14); imported from here too
 from normaudit.report import SourceLocation
 from normaudit.worker import in_worker, phase
 
@@ -45,15 +46,6 @@ class LoadedModel:
     module: Optional[ModuleType] = None
     origins: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-
-
-def split_target(spec: str) -> tuple[Path, Optional[str]]:
-    """Split ``path.py:factory`` into the path and the factory name (None when absent)."""
-    if ":" in spec:
-        head, _, tail = spec.rpartition(":")
-        if head.endswith(".py") and tail.isidentifier():
-            return Path(head), tail
-    return Path(spec), None
 
 
 def user_error(exc: BaseException, user_file: Path, what: str) -> UsageError:

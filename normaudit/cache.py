@@ -1,0 +1,269 @@
+"""The result cache: a re-run on unchanged inputs returns the stored report instead of auditing again.
+
+As ruff's cache does, an entry is keyed by everything the report depends on (:func:`key_parts`):
+
+- the target (a model file's content; every file of a model or checkpoint directory), and, checked on each
+  hit, the content of every local file the audit imported (the model's own modules, recorded by the worker:
+  :func:`imported_files`);
+- the ``--config`` file's content, and the checkpoint's headers (a safetensors header, the first and last
+  MiB of other weight files) with their size and modification time, never the whole weights;
+- the audit options (dtype, batch size, selectors, input axes, probes, per-module ignores) and the current
+  directory (reports name files relative to it);
+- the content of the rules (shipped and ``--rules``), as loaded;
+- the versions of Python, normaudit (with a digest of its own source, so a development checkout never reads
+  a result of older code), torch and transformers (read from the installed metadata: no import).
+
+Entries are JSON files (the pydantic report as :meth:`~pydantic.BaseModel.model_dump_json` writes it, never a
+pickle) under ``.normaudit_cache/`` beside the settings file (``pyproject.toml``/``normaudit.toml``), else under
+``$XDG_CACHE_HOME/normaudit`` (``~/.cache/normaudit``); ``$NORMAUDIT_CACHE_DIR`` overrides both, and
+``--no-cache`` bypasses the cache. A directory inside site-packages is never used. Only reports are stored
+(a target that fails is audited again). A cache that cannot be read or written is skipped: a miss, a note
+with ``-v`` at most. Files the model's code opens itself (data files read by ``build_model()``) are not part of
+the key: use ``--no-cache`` for such models.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import site
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from normaudit.options import split_target
+
+#: Bump when the layout of an entry changes: older entries are then misses.
+CACHE_FORMAT = 1
+#: Files up to this size are keyed by their whole content; larger ones (weights) by header, size and mtime.
+WHOLE_FILE_BYTES = 4 << 20
+_EDGE_BYTES = 1 << 20
+#: Directory entries fingerprinted at most (a model directory, a sharded checkpoint).
+_MAX_DIR_FILES = 10_000
+_CACHEDIR_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# This file is a cache directory tag created by normaudit.\n"
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _safetensors_header(fh: Any, size: int) -> Optional[bytes]:
+    """The 8-byte length and the JSON header of a safetensors file, or None when it does not look like one."""
+    head = fh.read(8)
+    if len(head) < 8:
+        return None
+    n = int.from_bytes(head, "little")
+    if n > min(size - 8, 100 << 20):
+        return None
+    return head + fh.read(n)
+
+
+def file_fingerprint(path: str | os.PathLike) -> Optional[str]:
+    """A digest of one regular file for the cache key, None when it cannot be read (then the key differs
+    from any stored one). Small files: their content; weight files above :data:`WHOLE_FILE_BYTES`: size and
+    modification time (ns) with the safetensors header, or the first and last MiB of any other format."""
+    p = Path(path)
+    try:
+        st = p.stat()
+        with open(p, "rb") as fh:
+            if st.st_size <= WHOLE_FILE_BYTES:
+                return _sha(fh.read())
+            header = _safetensors_header(fh, st.st_size) if p.suffix == ".safetensors" else None
+            if header is None:
+                fh.seek(0)
+                header = fh.read(_EDGE_BYTES)
+                fh.seek(max(0, st.st_size - _EDGE_BYTES))
+                header += fh.read(_EDGE_BYTES)
+    except OSError:
+        return None
+    return f"{st.st_size}:{st.st_mtime_ns}:{_sha(header)}"
+
+
+def path_fingerprint(path: Optional[str]) -> Any:
+    """The key part of a target, config or checkpoint path: a file's :func:`file_fingerprint`; for a
+    directory, that of each file below it (hidden names and ``__pycache__`` skipped); None for no path;
+    ``["absent", path]`` for a name that is no file (a ``package.module:factory`` target)."""
+    if not path:
+        return None
+    p = Path(path)
+    if p.is_file():
+        return file_fingerprint(p)
+    if not p.is_dir():
+        return ["absent", str(path)]
+    found: dict[str, Optional[str]] = {}
+    for root, dirs, files in os.walk(p):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
+        for name in sorted(files):
+            if name.startswith(".") or len(found) >= _MAX_DIR_FILES:
+                continue
+            full = Path(root) / name
+            found[str(full.relative_to(p))] = file_fingerprint(full)
+    return found
+
+
+def _distribution_version(name: str) -> Optional[str]:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def source_digest() -> str:
+    """A digest of normaudit's own ``*.py`` files (their paths and contents)."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode())
+        with open(f, "rb") as fh:
+            h.update(_sha(fh.read()).encode())
+    return h.hexdigest()
+
+
+def versions() -> dict[str, Optional[str]]:
+    """Versions the report depends on: Python, normaudit (and :func:`source_digest`), torch, transformers."""
+    import normaudit
+
+    return {"python": sys.version, "normaudit": normaudit.__version__, "normaudit_source": source_digest(),
+            "torch": _distribution_version("torch"), "transformers": _distribution_version("transformers")}
+
+
+def rules_digest(rules: dict) -> str:
+    """A digest of the rules as loaded (every field of each :class:`~normaudit.engine.schema.Rule`)."""
+    h = hashlib.sha256()
+    for rule_id in sorted(rules):
+        h.update(rules[rule_id].model_dump_json().encode())
+    return h.hexdigest()
+
+
+def key_parts(opts: Any, rules: dict) -> dict[str, Any]:
+    """Everything one target's report depends on (see the module docstring), as JSON-able data; ``opts`` is
+    a :class:`normaudit.audit.AuditOptions`. The imported local files are checked apart (:meth:`ResultCache.get`)."""
+    options = {k: v for k, v in dataclasses.asdict(opts).items() if k != "config_data"}
+    return {"format": CACHE_FORMAT, "versions": versions(), "cwd": os.getcwd(), "options": options,
+            "target": path_fingerprint(str(split_target(opts.target)[0])), "config": path_fingerprint(opts.config),
+            "checkpoint": path_fingerprint(opts.checkpoint), "rules": rules_digest(rules)}
+
+
+def cache_key(opts: Any, rules: dict) -> Optional[str]:
+    """The key of one target's entry (a hex digest of :func:`key_parts`); None when a part cannot be
+    expressed (an in-memory config: ``opts.config_data``)."""
+    if getattr(opts, "config_data", None) is not None:
+        return None
+    return _sha(json.dumps(key_parts(opts, rules), sort_keys=True, default=str).encode())
+
+
+def imported_files(before: set[str]) -> list[str]:
+    """Files of the modules imported since ``before`` (names in :data:`sys.modules` then) that are neither
+    the standard library nor normaudit, torch or transformers (their versions are in the key): the model's
+    own modules and the other libraries it imports."""
+    skip = {os.path.realpath(p) for p in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"])}
+    for name in ("normaudit", "torch", "transformers"):
+        mod = sys.modules.get(name)
+        if getattr(mod, "__file__", None):
+            skip.add(os.path.realpath(os.path.dirname(mod.__file__)))
+    files = set()
+    for name in set(sys.modules) - before:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if not isinstance(file, str) or not os.path.isfile(file):
+            continue
+        real = os.path.realpath(file)
+        if not any(real == s or real.startswith(s + os.sep) for s in skip):
+            files.add(real)
+    return sorted(files)
+
+
+def _inside_site_packages(path: Path) -> bool:
+    roots = list(site.getsitepackages()) + [site.getusersitepackages()]
+    roots += [sysconfig.get_paths()[k] for k in ("purelib", "platlib")]
+    real = os.path.realpath(path)
+    return any(real == os.path.realpath(r) or real.startswith(os.path.realpath(r) + os.sep) for r in roots)
+
+
+def default_cache_dir(settings_source: Optional[Path]) -> Optional[Path]:
+    """Where the cache lives (see the module docstring); None when every candidate is inside site-packages."""
+    env = os.environ.get("NORMAUDIT_CACHE_DIR")
+    candidates = [Path(env)] if env else []
+    if settings_source is not None:
+        candidates.append(Path(settings_source).resolve().parent / ".normaudit_cache")
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    candidates.append(Path(xdg) / "normaudit")
+    return next((c for c in candidates if not _inside_site_packages(c)), None)
+
+
+class ResultCache:
+    """The reports of earlier runs under ``root`` (``v1/<key[:2]>/<key>.json``). ``note`` receives a line
+    when the cache cannot be read or written (``-v``); such a cache is otherwise silent."""
+
+    def __init__(self, root: Path, note: Any = None):
+        self.root = Path(root)
+        self.note = note or (lambda text: None)
+        self.hits = self.misses = 0
+        self._broken = False
+
+    def _entry(self, key: str) -> Path:
+        return self.root / f"v{CACHE_FORMAT}" / key[:2] / f"{key}.json"
+
+    def get(self, key: Optional[str]) -> Any:
+        """The stored :class:`~normaudit.report.Report` for ``key``, or None: no entry, an unreadable or
+        malformed one, or an imported file that has changed since (or is gone)."""
+        from normaudit.report import Report
+
+        if key is None:
+            return None
+        try:
+            with open(self._entry(key), encoding="utf-8") as fh:
+                entry = json.load(fh)
+            if entry.get("key") != key:
+                raise ValueError("key mismatch")
+            if any(file_fingerprint(path) != digest for path, digest in entry["imported"].items()):
+                self.misses += 1
+                return None
+            report = Report.model_validate_json(entry["report"])
+        except (FileNotFoundError, NotADirectoryError):
+            self.misses += 1
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            self.note(f"cache entry {self._entry(key)} unreadable ({type(err).__name__}): audited again")
+            self.misses += 1
+            return None
+        self.hits += 1
+        return report
+
+    def put(self, key: Optional[str], report: Any, imported: list[str]) -> None:
+        """Store ``report`` under ``key`` with the digests of the ``imported`` files (written atomically);
+        a cache that cannot be written is skipped (one note)."""
+        if key is None or self._broken:
+            return
+        entry = {"format": CACHE_FORMAT, "key": key, "imported": {p: file_fingerprint(p) for p in imported},
+                 "report": report.model_dump_json()}
+        path = self._entry(key)
+        try:
+            self._prepare()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    json.dump(entry, fh)
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        except OSError as err:
+            self._broken = True
+            self.note(f"cache {self.root} not writable ({err.strerror or err}): results not stored")
+
+    def _prepare(self) -> None:
+        """Create the cache directory with a ``.gitignore`` (``*``) and a ``CACHEDIR.TAG``, as ruff does."""
+        if (self.root / "CACHEDIR.TAG").exists():
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / ".gitignore").write_text("# Automatically created by normaudit.\n*\n", encoding="utf-8")
+        (self.root / "CACHEDIR.TAG").write_text(_CACHEDIR_TAG, encoding="utf-8")
+

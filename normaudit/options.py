@@ -1,0 +1,50 @@
+"""What one target's audit is asked to do, importable without torch: the command line builds these before it
+knows whether any target needs auditing (a run answered from the cache never imports torch, issue 14)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+
+def split_target(spec: str) -> tuple[Path, Optional[str]]:
+    """Split ``path.py:factory`` into the path and the factory name (None when absent)."""
+    if ":" in spec:
+        head, _, tail = spec.rpartition(":")
+        if head.endswith(".py") and tail.isidentifier():
+            return Path(head), tail
+    return Path(spec), None
+
+
+@dataclass
+class AuditOptions:
+    """What one audit run is asked to do (the CLI flags, after config-file merging)."""
+
+    target: str
+    config: Optional[str] = None
+    checkpoint: Optional[str] = None
+    dtype: str = "float32"
+    batch_size: Optional[int] = None
+    rules_dirs: list[str] = field(default_factory=list)
+    select: list[str] = field(default_factory=list)
+    ignore: list[str] = field(default_factory=list)
+    input_axes: Optional[str] = None
+    probes: list[str] = field(default_factory=list)
+    #: ``{module glob: [rule ids, prefixes, names or categories]}`` dropped after evaluation (normaudit.suppress).
+    per_module_ignores: dict[str, list[str]] = field(default_factory=dict)
+    #: A configuration mapping given in memory (``normaudit.testing``); wins over ``config``.
+    config_data: Optional[dict[str, Any]] = None
+    #: ``--max-params``: the most parameters ``--probe numerics`` builds for real (default
+    #: ``normaudit.probes.numerics.DEFAULT_MAX_PARAMS``); above it the audit is refused (exit 2)
+    max_params: Optional[int] = None
+
+
+def exit_status(report: Any, fail_on: str) -> int:
+    """0 when no finding of ``report`` (a :class:`~normaudit.report.Report`) is at or above ``fail_on``
+    (error|warning|info|never), else 1 (CONTRACT.md)."""
+    from normaudit.report import SEVERITY_RANK
+
+    if fail_on == "never":
+        return 0
+    floor = SEVERITY_RANK[fail_on]
+    return 1 if any(SEVERITY_RANK[f.severity] >= floor for f in report.findings) else 0

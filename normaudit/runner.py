@@ -1,0 +1,274 @@
+"""Running the targets of one command: cache look-up, then the misses in parallel worker processes (``-j N``)
+or as Ray tasks (``--executor ray``), results handed on in the targets' order.
+
+- :func:`run_targets` looks every target up in the :class:`~normaudit.cache.ResultCache` first, runs the
+  misses, stores their reports and calls ``on_result`` for each target in the order given, as soon as it and
+  all targets before it are done (a long run streams its results).
+- Local executor: at most ``jobs`` forked workers at a time (:class:`~normaudit.worker.Job`, each under its
+  own ``--timeout``); a crash or timeout of one is that target's error and the others go on. Before the first
+  fork, the parent imports torch, ``torch._dynamo`` (``FakeTensorMode`` imports ``torch._dynamo.config``, which
+  loads all of dynamo: about 2 s that each worker would otherwise pay again) and, for Hugging Face targets,
+  transformers.
+- Ray executor: the same per-target work (:func:`audit_target`) as Ray tasks, one process per task
+  (``max_calls=1``, no retries), at most ``jobs`` in flight (default: the cluster's CPUs), each cancelled with
+  ``ray.cancel(force=True)`` past ``--timeout`` seconds after its submission; results are taken as they
+  finish (``ray.wait``). ``ray.init(address=...)`` joins an existing cluster (``--ray-address``), else starts
+  a local one that is shut down at the end. The cluster's workers must have normaudit (and the model's
+  dependencies) installed and see the target files at the same paths.
+
+The report a worker sends back is the report before the baseline: the parent applies the baseline, so the
+cached report does not depend on it.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from pydantic import BaseModel, Field
+
+from normaudit.errors import UsageError
+from normaudit.report import Report
+
+EXECUTORS = ("local", "ray")
+
+
+class WorkerResult(BaseModel):
+    """What one target's work sends back: its report and the files of the modules it imported (the local
+    part of the cache key, :func:`normaudit.cache.imported_files`)."""
+
+    report: Report
+    imported: list[str] = Field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    """One target's outcome: a report (``cached`` when it came from the cache), or the exception that ended
+    its audit (a :class:`UsageError` is exit 2, anything else exit 3); ``seconds`` of wall time."""
+
+    report: Optional[Report] = None
+    error: Optional[BaseException] = None
+    cached: bool = False
+    seconds: float = 0.0
+
+
+def default_jobs() -> int:
+    """The number of CPU cores this process may use (``-j`` default of the local executor)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def audit_target(opts: Any, rules: dict) -> WorkerResult:
+    """Audit one target in this process (what a worker or a Ray task runs): the report before any baseline,
+    and the files it imported."""
+    from normaudit.cache import imported_files
+    from normaudit.cli import _audit_one
+
+    before = set(sys.modules)
+    report = _audit_one(opts, rules, None, Path("."))
+    return WorkerResult(report=report, imported=imported_files(before))
+
+
+def ray_task(opts: Any, rules: dict) -> tuple:
+    """The body of one Ray task: :func:`audit_target` as a worker message (:func:`normaudit.worker.run_and_describe`)."""
+    from normaudit.target.hf import set_offline
+    from normaudit.worker import run_and_describe
+
+    set_offline()
+    return run_and_describe(functools.partial(audit_target, opts, rules), opts.target)
+
+
+def _looks_hf(target: str) -> bool:
+    p = Path(target)
+    return (p.is_dir() and (p / "config.json").is_file()) or (p.suffix == ".json" and not p.name.endswith(".index.json"))
+
+
+def _looks_checkpoint(target: str) -> bool:
+    from normaudit.target import CHECKPOINT_SUFFIXES
+
+    p = Path(target)
+    return p.suffix in CHECKPOINT_SUFFIXES or p.name.endswith(".index.json") or (p.is_dir() and not _looks_hf(target))
+
+
+def prewarm(targets: list[str]) -> None:
+    """Import in this process what the workers forked from it would each import again (see the module
+    docstring); nothing for checkpoint-only targets."""
+    import normaudit.audit  # noqa: F401 - torch, capture, facts, target loaders
+
+    if not all(_looks_checkpoint(t) for t in targets):
+        import torch._dynamo  # noqa: F401
+    if any(_looks_hf(t) for t in targets):
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            pass
+
+
+class _InOrder:
+    """Hands outcomes to ``on_result(index, outcome)`` in index order, each as soon as those before it are."""
+
+    def __init__(self, outcomes: list, on_result: Optional[Callable[[int, Outcome], None]]):
+        self.outcomes, self.on_result, self.next = outcomes, on_result, 0
+
+    def flush(self) -> None:
+        while self.next < len(self.outcomes) and self.outcomes[self.next] is not None:
+            if self.on_result is not None:
+                self.on_result(self.next, self.outcomes[self.next])
+            self.next += 1
+
+
+def run_targets(plan_opts: list, rules: dict, timeout: float, jobs: Optional[int] = None, executor: str = "local",
+                cache: Any = None, ray_address: Optional[str] = None, progress: bool = False,
+                on_result: Optional[Callable[[int, Outcome], None]] = None) -> list[Outcome]:
+    """Audit every target of ``plan_opts`` (:class:`normaudit.audit.AuditOptions`) and return their
+    :class:`Outcome` in the same order (see the module docstring). ``cache``: a
+    :class:`~normaudit.cache.ResultCache` or None (``--no-cache``); ``progress``: one line on stderr per
+    finished target. Raises UsageError only for the executor itself (ray missing, cluster unreachable)."""
+    from normaudit.cache import cache_key
+
+    outcomes: list[Optional[Outcome]] = [None] * len(plan_opts)
+    order = _InOrder(outcomes, on_result)
+    keys = [cache_key(o, rules) if cache is not None else None for o in plan_opts]
+    pending = []
+    for i, key in enumerate(keys):
+        report = cache.get(key) if cache is not None else None
+        if report is None:
+            pending.append(i)
+        else:
+            outcomes[i] = Outcome(report=report, cached=True)
+    finished = [len(plan_opts) - len(pending)]
+
+    def done(i: int, result: Optional[WorkerResult], error: Optional[BaseException], seconds: float) -> None:
+        if result is not None and cache is not None:
+            cache.put(keys[i], result.report, result.imported)
+        outcomes[i] = Outcome(report=result.report if result else None, error=error, seconds=seconds)
+        finished[0] += 1
+        if progress:
+            _progress_line(finished[0], len(plan_opts), plan_opts[i].target, outcomes[i])
+        order.flush()
+
+    order.flush()
+    if pending and executor == "ray":
+        _run_ray(pending, plan_opts, rules, timeout, jobs, ray_address, done)
+    elif pending:
+        _run_local(pending, plan_opts, rules, timeout, jobs or default_jobs(), done)
+    return outcomes  # type: ignore[return-value]
+
+
+def _progress_line(k: int, n: int, target: str, outcome: Outcome) -> None:
+    r = outcome.report
+    what = (f"{r.summary.errors} error(s), {r.summary.warnings} warning(s), {r.summary.infos} info"
+            if r is not None else "failed")
+    print(f"normaudit: [{k}/{n}] {target}: {what} ({outcome.seconds:.1f}s)", file=sys.stderr, flush=True)
+
+
+def _run_local(pending: list[int], plan_opts: list, rules: dict, timeout: float, jobs: int, done: Callable) -> None:
+    """At most ``jobs`` forked workers at a time; in this process, one after another, where fork does not exist."""
+    from normaudit.worker import Job, can_isolate, user_code_output, wait_any
+
+    if not can_isolate():
+        for i in pending:
+            started = time.monotonic()
+            try:
+                with user_code_output():
+                    result = audit_target(plan_opts[i], rules)
+            except Exception as exc:  # noqa: BLE001 - the target's outcome
+                done(i, None, exc, time.monotonic() - started)
+            else:
+                done(i, result, None, time.monotonic() - started)
+        return
+    prewarm([plan_opts[i].target for i in pending])
+    queue = list(pending)
+    running: dict[Any, tuple[int, float]] = {}
+    try:
+        while queue or running:
+            while queue and len(running) < jobs:
+                i = queue.pop(0)
+                work = functools.partial(audit_target, plan_opts[i], rules)
+                job = Job(plan_opts[i].target, work, timeout, WorkerResult).start()
+                running[job] = (i, time.monotonic())
+            for job in wait_any(list(running)):
+                i, started = running.pop(job)
+                try:
+                    result = job.result()
+                except Exception as exc:  # noqa: BLE001 - the target's outcome
+                    done(i, None, exc, time.monotonic() - started)
+                else:
+                    done(i, result, None, time.monotonic() - started)
+    finally:
+        for job in running:
+            job.kill()
+
+
+def _ray_init(ray: Any, address: Optional[str], jobs: Optional[int]) -> bool:
+    """Join the cluster at ``address``, or start a local one (``jobs`` CPUs); True when this call started it
+    (the caller shuts it down). An unreachable cluster is a UsageError."""
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    if address:
+        kwargs["address"] = address
+    elif jobs:
+        kwargs["num_cpus"] = jobs
+    try:
+        ray.init(**kwargs)
+    except (ConnectionError, ValueError, RuntimeError) as err:
+        where = f"the Ray cluster at {address!r}" if address else "a local Ray cluster"
+        raise UsageError(f"--executor ray: cannot start or join {where}: {' '.join(str(err).split())[:300]}") from None
+    return True
+
+
+def _ray_error(ray: Any, err: BaseException, target: str) -> BaseException:
+    """A Ray failure of one task as that target's error."""
+    if isinstance(err, (ray.exceptions.WorkerCrashedError, ray.exceptions.LocalRayletDiedError)):
+        return UsageError("the model's code crashed or ended the Ray worker process", file=target)
+    return err
+
+
+def _run_ray(pending: list[int], plan_opts: list, rules: dict, timeout: float, jobs: Optional[int],
+             address: Optional[str], done: Callable) -> None:
+    """The pending targets as Ray tasks (see the module docstring)."""
+    from normaudit.worker import decode_message
+
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--executor ray needs the ray package: pip install 'normaudit[ray]'") from None
+    started_here = _ray_init(ray, address, jobs)
+    in_flight: dict[Any, tuple[int, float]] = {}
+    try:
+        window = jobs or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        task = ray.remote(max_calls=1, max_retries=0, num_cpus=1)(ray_task)
+        queue = list(pending)
+        while queue or in_flight:
+            while queue and len(in_flight) < window:
+                i = queue.pop(0)
+                in_flight[task.remote(plan_opts[i], rules)] = (i, time.monotonic())
+            first_deadline = min(t0 for _, t0 in in_flight.values()) + timeout
+            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=max(0.0, first_deadline - time.monotonic()))
+            for ref in ready:
+                i, started = in_flight.pop(ref)
+                try:
+                    result = decode_message(ray.get(ref), WorkerResult)
+                except Exception as exc:  # noqa: BLE001 - the target's outcome
+                    done(i, None, _ray_error(ray, exc, plan_opts[i].target), time.monotonic() - started)
+                else:
+                    done(i, result, None, time.monotonic() - started)
+            now = time.monotonic()
+            for ref, (i, started) in list(in_flight.items()):
+                if now - started >= timeout:
+                    ray.cancel(ref, force=True)
+                    del in_flight[ref]
+                    err = UsageError(f"timed out after {timeout:g} s as a Ray task (--timeout)", file=plan_opts[i].target)
+                    done(i, None, err, now - started)
+    finally:
+        for ref in in_flight:
+            ray.cancel(ref, force=True)
+        if started_here:
+            ray.shutdown()

@@ -1,0 +1,130 @@
+"""``-j N``: targets audited in parallel worker processes (normaudit.runner), each isolated (one target's crash
+or timeout is that target's exit 2, the others go on), the output in the targets' order, a progress line on
+stderr only when stderr is a terminal."""
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from normaudit import cli
+from normaudit.cli import main
+
+TINY = Path(__file__).parent / "fixtures" / "cli" / "tiny.py"
+TEST_RULES = ["--rules", str(TINY.parent / "rules"), "--select", "NZ", "--isolated"]
+
+CRASH = textwrap.dedent('''
+    import os
+    def build_model():
+        os._exit(3)
+''')
+
+HANG = textwrap.dedent('''
+    import time
+    def build_model():
+        while True:
+            time.sleep(1)
+''')
+
+#: Two models that each wait for the other to have started building: both finish only when they run at once.
+RENDEZVOUS = textwrap.dedent('''
+    import os, sys, time
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny import build_model as _tiny, example_inputs
+
+    def build_model():
+        here = Path(__file__).parent
+        (here / "{me}.started").write_text("")
+        while not (here / "{other}.started").exists():
+            time.sleep(0.05)
+        return _tiny()
+''')
+
+
+def run(capfd, *argv: str) -> tuple[int, str, str]:
+    rc = main([str(a) for a in argv])
+    out, err = capfd.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture
+def models(tmp_path):
+    shutil.copy(TINY, tmp_path / "tiny.py")
+    shutil.copy(TINY, tmp_path / "tiny2.py")
+    (tmp_path / "crash.py").write_text(CRASH)
+    (tmp_path / "hang.py").write_text(HANG)
+    (tmp_path / "a.py").write_text(RENDEZVOUS.format(me="a", other="b"))
+    (tmp_path / "b.py").write_text(RENDEZVOUS.format(me="b", other="a"))
+    return tmp_path
+
+
+def _sites_and_findings(doc: dict) -> list:
+    return [(r["target"]["path"], [(s["module"], s["kind"], s["eps"]) for s in r["sites"]],
+             [(f["rule_id"], f["module"]) for f in r["findings"]]) for r in doc["reports"]]
+
+
+def test_crash_and_timeout_are_their_targets_exit_2_and_the_others_go_on_in_order(models, capfd):
+    targets = [models / "crash.py", models / "tiny.py", models / "hang.py", models / "tiny2.py"]
+    rc, out, err = run(capfd, *targets, *TEST_RULES, "-j", "4", "--timeout", "15", "--format", "json")
+    doc = json.loads(out)
+    assert rc == 2
+    assert [Path(r["target"]["path"]).name for r in doc["reports"]] == ["tiny.py", "tiny2.py"]
+    assert [(Path(e["target"]).name, e["status"]) for e in doc["errors"]] == [("crash.py", 2), ("hang.py", 2)]
+    assert doc["errors"][0]["message"] == (f"{models / 'crash.py'}: the model's code ended the process "
+                                           "(exit status 3, as os._exit() does) while building the model")
+    assert doc["errors"][1]["message"] == (f"{models / 'hang.py'}: timed out after 15 s while building the "
+                                           "model (--timeout)")
+    errors = [ln for ln in err.splitlines() if ln.startswith("normaudit: error:")]
+    assert errors == [f"normaudit: error: {e['message']}" for e in doc["errors"]]  # in the targets' order
+    assert doc["summary"] == {"targets": 4, "failed": 2, "errors": 4, "warnings": 2, "infos": 0}
+
+
+def test_parallel_output_is_the_serial_output(models, capfd):
+    targets = [models / "tiny.py", models / "tiny2.py", TINY]
+    rc1, out1, _ = run(capfd, *targets, *TEST_RULES, "-j", "1", "--format", "json")
+    rc3, out3, _ = run(capfd, *targets, *TEST_RULES, "-j", "3", "--format", "json")
+    assert rc1 == rc3 == 1
+    serial, parallel = json.loads(out1), json.loads(out3)
+    assert _sites_and_findings(parallel) == _sites_and_findings(serial)
+    assert [Path(p).name for p, _, _ in _sites_and_findings(parallel)] == ["tiny.py", "tiny2.py", "tiny.py"]
+    assert _sites_and_findings(parallel)[0][1] == [("layers.0.norm", "LayerNorm", 1e-5),
+                                                   ("layers.1.norm", "LayerNorm", 1e-5), ("final", "RMSNorm", 2.0 ** -23)]  # eps=None: finfo(float32).eps
+
+
+def test_two_jobs_run_at_the_same_time(models, capfd):
+    """a.py and b.py each wait for the other to start: with -j 2 both finish; with -j 1 a times out building (b
+    never started while it waited)."""
+    rc, out, err = run(capfd, models / "a.py", models / "b.py", *TEST_RULES, "-j", "2", "--timeout", "60",
+                       "--format", "json")
+    assert rc == 1, err
+    assert json.loads(out)["summary"]["failed"] == 0
+    for name in ("a", "b"):
+        (models / f"{name}.started").unlink()
+    rc, out, err = run(capfd, models / "a.py", models / "b.py", *TEST_RULES, "-j", "1", "--timeout", "5",
+                       "--format", "json")
+    doc = json.loads(out)
+    assert rc == 2
+    assert doc["errors"][0]["message"] == f"{models / 'a.py'}: timed out after 5 s while building the model (--timeout)"
+
+
+def test_progress_lines_only_when_stderr_is_a_terminal(models, capfd, monkeypatch):
+    targets = [models / "tiny.py", models / "crash.py"]
+    _, _, err = run(capfd, *targets, *TEST_RULES, "-j", "2")
+    assert not [ln for ln in err.splitlines() if ln.startswith("normaudit: [")]
+    monkeypatch.setattr(cli, "_stderr_is_tty", lambda: True)
+    _, _, err = run(capfd, *targets, *TEST_RULES, "-j", "2")
+    progress = sorted(ln.rsplit(" (", 1)[0] for ln in err.splitlines() if ln.startswith("normaudit: ["))
+    assert len(progress) == 2
+    assert {p.split("] ", 1)[1] for p in progress} == {f"{models / 'tiny.py'}: 2 error(s), 1 warning(s), 0 info",
+                                                      f"{models / 'crash.py'}: failed"}
+    assert sorted(p.split("]")[0] for p in progress) == ["normaudit: [1/2", "normaudit: [2/2"]
+
+
+def test_jobs_must_be_positive(capfd):
+    rc, _, err = run(capfd, TINY, "-j", "0")
+    assert rc == 2
+    assert err.strip() == "normaudit: error: argument -j/--jobs: must be at least 1, got 0 (see 'normaudit --help')"

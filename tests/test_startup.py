@@ -1,0 +1,90 @@
+"""Start-up without torch (issue 14): ``--help``, ``--version``, ``rules``, ``explain`` and ``schema`` work in a
+process where torch (and transformers) cannot be imported at all; an audit answered wholly from the cache
+imports neither. Asserts output, not time (benchmarks/bench_speed.py measures the time)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = Path(__file__).parent / "fixtures" / "cli" / "tiny.py"
+
+#: Runs normaudit's CLI with torch and transformers made unimportable (None in sys.modules: ImportError).
+BLOCKED = ("import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None; "
+           "from normaudit.cli import main; rc = main(sys.argv[1:]); "
+           "sys.stderr.write('\\nIMPORTED torch=%s transformers=%s\\n' % tuple(str(type(sys.modules.get(m)).__name__)"
+           " for m in ('torch', 'transformers'))); raise SystemExit(rc)")
+
+
+def run_blocked(*argv: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-c", BLOCKED, *argv], cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _check_no_torch(proc: subprocess.CompletedProcess) -> None:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.rstrip().endswith("IMPORTED torch=NoneType transformers=NoneType"), proc.stderr
+
+
+def test_help_and_version_without_torch():
+    proc = run_blocked("--help")
+    _check_no_torch(proc)
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("usage: normaudit [-h]")
+    assert "--no-cache" in proc.stdout and "-j N, --jobs N" in proc.stdout
+    import normaudit
+
+    proc = run_blocked("--version")
+    _check_no_torch(proc)
+    assert (proc.returncode, proc.stdout) == (0, f"normaudit {normaudit.__version__}\n")
+
+
+def test_rules_explain_schema_without_torch():
+    proc = run_blocked("rules")
+    _check_no_torch(proc)
+    assert proc.returncode == 0
+    lines = proc.stdout.splitlines()
+    assert any(ln.startswith("NE101  eps-differs-from-config") for ln in lines), proc.stdout
+    proc = run_blocked("explain", "NE101")
+    _check_no_torch(proc)
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("NE101 eps-differs-from-config  (eps, ")
+    assert "## Why it matters" in proc.stdout
+    proc = run_blocked("schema")
+    _check_no_torch(proc)
+    assert proc.returncode == 0
+    schema = json.loads(proc.stdout)
+    assert {"sites", "findings"} <= set(schema["properties"])
+
+
+def test_a_bad_flag_without_torch_is_one_line():
+    proc = run_blocked("--no-such-flag")
+    _check_no_torch(proc)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[0] == ("normaudit: error: unrecognized arguments: --no-such-flag "
+                                           "(see 'normaudit --help')")
+
+
+def test_a_run_answered_from_the_cache_imports_no_torch(tmp_path, monkeypatch):
+    """The first run audits (torch); the second, with torch unimportable, is answered from the cache with the
+    same report."""
+    pytest.importorskip("torch")
+    shutil.copy(TINY, tmp_path / "tiny.py")
+    shutil.copytree(TINY.parent / "rules", tmp_path / "rules")
+    env = {"NORMAUDIT_CACHE_DIR": str(tmp_path / "cache"), "NORMAUDIT_NO_CACHE": "", "PYTHONPATH": str(ROOT)}
+    argv = ["tiny.py", "--rules", "rules", "--select", "NZ", "--isolated", "--format", "json"]
+    first = subprocess.run([sys.executable, "-m", "normaudit", *argv], cwd=tmp_path, env={**os.environ, **env},
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 1, first.stderr
+    second = run_blocked(*argv, cwd=tmp_path, env=env)
+    _check_no_torch(second)
+    assert second.returncode == 1
+    assert second.stdout == first.stdout
+    assert [s["module"] for s in json.loads(second.stdout)["sites"]] == ["layers.0.norm", "layers.1.norm", "final"]
