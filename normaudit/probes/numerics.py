@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -67,28 +68,51 @@ def check_size(model: nn.Module, max_params: Optional[int], where: Optional[str]
 
 
 # ============================================================================================ statistics
-def tensor_stats(tensors: list[torch.Tensor]) -> TensorStats:
-    """Abs-max of the finite values and NaN/inf counts over floating ``tensors`` (others are skipped)."""
+def tensor_stats(tensors: list[torch.Tensor], memo: Optional[dict] = None) -> TensorStats:
+    """Abs-max of the finite values and NaN/inf counts over floating ``tensors`` (others are skipped).
+
+    One ``aminmax`` pass per tensor when it is finite (the common case), the counts only otherwise. ``memo``
+    (``id(tensor) -> (weakref, version, stats)``) reuses the stats of a tensor seen before in the same run: a module's
+    input is mostly an earlier module's output."""
     out = TensorStats()
     best = None
     for t in tensors:
         if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
             continue
-        t = t.detach()
-        out.numel += t.numel()
-        m = float(t.abs().amax())
-        if math.isfinite(m):
-            best = m if best is None else max(best, m)
-            continue
-        nan = int(torch.isnan(t).sum())
-        inf = int(torch.isinf(t).sum())
-        out.nan, out.inf = out.nan + nan, out.inf + inf
-        finite = t[torch.isfinite(t)]
-        if finite.numel():
-            fm = float(finite.abs().amax())
-            best = fm if best is None else max(best, fm)
+        one = _one_tensor(t, memo)
+        out.numel += one.numel
+        out.nan, out.inf = out.nan + one.nan, out.inf + one.inf
+        if one.absmax is not None:
+            best = one.absmax if best is None else max(best, one.absmax)
     out.absmax = best
     return out
+
+
+def _one_tensor(t: torch.Tensor, memo: Optional[dict]) -> TensorStats:
+    key = t
+    try:
+        version = t._version
+    except RuntimeError:  # an inference-mode tensor has no version counter: never reused
+        version, memo = None, None
+    if memo is not None:
+        hit = memo.get(id(t))
+        if hit is not None and hit[0]() is t and hit[1] == version:  # not modified in place since
+            return hit[2]
+    t = t.detach()
+    lo, hi = torch.aminmax(t)
+    m = max(-float(lo), float(hi))
+    if math.isfinite(m):
+        stats = TensorStats(absmax=m, numel=t.numel())
+    else:
+        finite = t[torch.isfinite(t)]
+        stats = TensorStats(absmax=float(finite.abs().amax()) if finite.numel() else None,
+                            nan=int(torch.isnan(t).sum()), inf=int(torch.isinf(t).sum()), numel=t.numel())
+    if memo is not None:
+        try:
+            memo[id(key)] = (weakref.ref(key), version, stats)
+        except TypeError:  # a tensor subclass without weak references
+            pass
+    return stats
 
 
 def _leaves(obj: Any, depth: int = 0) -> list[torch.Tensor]:
@@ -213,6 +237,7 @@ class Recorder:
         self.grad_first: Optional[str] = None
         self.handles: list[Any] = []
         self.backward = False
+        self.memo: dict[int, Any] = {}
         for m in model.modules():
             self.handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
             self.handles.append(m.register_forward_hook(self._post, with_kwargs=True))
@@ -224,13 +249,13 @@ class Recorder:
 
     def _pre(self, module, args, kwargs):
         self.stack.append(_Call(self.names.get(id(module), "?"), type(module).__name__,
-                                tensor_stats(_leaves(args) + _leaves(kwargs))))
+                                tensor_stats(_leaves(args) + _leaves(kwargs), self.memo)))
         self.fused_index[len(self.stack)] = 0
 
     def _post(self, module, args, kwargs, output):
         call = self.stack.pop() if self.stack else _Call(self.names.get(id(module), "?"), type(module).__name__,
                                                          TensorStats())
-        out = tensor_stats(_leaves(output))
+        out = tensor_stats(_leaves(output), self.memo)
         rec = ModuleNumerics(module=call.module, class_name=call.class_name, order=len(self.calls),
                              inputs=call.inputs, output=out, weights_absmax=self.weights_absmax.get(call.module))
         self.calls.append(rec)
@@ -271,7 +296,7 @@ class Recorder:
         if site is None or module in self.hand_written:
             return
         stat = row_statistic(op, args[0], args, kwargs, site.kind != "RMSNorm")
-        self._acc(site).add(stat, tensor_stats([args[0]]), tensor_stats(_leaves(out)))
+        self._acc(site).add(stat, tensor_stats([args[0]], self.memo), tensor_stats(_leaves(out), self.memo))
 
     def _acc(self, site) -> _SiteAcc:
         key = (site.module, site.call_index)
