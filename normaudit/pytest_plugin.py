@@ -64,13 +64,13 @@ class NormauditItem(pytest.Item):
     def runtest(self) -> None:
         """Run ``normaudit TARGET --settings FILE --format concise``; raise :class:`NormauditFailure`
         unless it exits 0."""
-        from normaudit.cli import FORMATS, main
+        from normaudit.cli import main
 
         fail_on = self.config.getoption("--normaudit-fail-on")
         with tempfile.TemporaryDirectory(prefix="normaudit-pytest-") as tmp:
             out = Path(tmp) / "findings.txt"
-            fmt = ["--format", "concise", "--quiet"] if "concise" in FORMATS else ["--format", "json"]
-            argv = [self.target, "--settings", str(self.settings_file), *fmt, "-o", str(out)]
+            argv = [self.target, "--settings", str(self.settings_file), "--format", "concise", "--quiet",
+                    "-o", str(out)]
             argv += ["--fail-on", fail_on] if fail_on else []
             err = io.StringIO()
             with contextlib.redirect_stderr(err):
@@ -79,8 +79,7 @@ class NormauditItem(pytest.Item):
         if status == 0:
             return
         if status == 1:
-            lines = text.splitlines() if "concise" in FORMATS else _concise_from_json(text)
-            raise NormauditFailure(status, [ln for ln in lines if ln.strip()])
+            raise NormauditFailure(status, [ln for ln in text.splitlines() if ln.strip()])
         problems = [ln for ln in err.getvalue().splitlines() if ln.startswith("normaudit: ")]
         raise NormauditFailure(status, problems or [f"normaudit exited with status {status}"])
 
@@ -118,24 +117,6 @@ class NormauditFailure(Exception):
         super().__init__("\n".join(lines))
         self.status = status
         self.lines = lines
-
-
-def _concise_from_json(text: str) -> list[str]:
-    """``path:line:1: CODE [severity] module: message`` per finding of a JSON report, paths under the
-    current directory relative to it (used only where normaudit has no ``--format concise``)."""
-    import json
-    import os
-
-    def place(f: dict, r: dict) -> str:
-        src = f.get("source") or {}
-        path = src.get("file") or r["target"]["path"]
-        rel = os.path.relpath(path) if os.path.isabs(path) else path
-        return f"{path if rel.startswith('..') else rel}:{src.get('line') or 1}:1"
-
-    doc = json.loads(text) if text.strip() else {}
-    reports = doc.get("reports", [doc]) if doc else []
-    return [f"{place(f, r)}: {f['rule_id']} [{f['severity']}] {f['module'] or '<root>'}: {f['message']}"
-            for r in reports for f in r.get("findings", [])]
 
 
 @pytest.hookimpl(tryfirst=True)
