@@ -59,6 +59,9 @@ class Formula(_Model):
     eps_dtype: Optional[str] = None
     eps_measured: Optional[float] = None
     eps_matches: Optional[bool] = None
+    #: hand-written norms: where the cast back after the normalisation sits (``normaudit.facts.formula``):
+    #: ``before_gain`` (``w * x.to(input_dtype)``), ``after_gain`` (``(x * w).to(input_dtype)``), ``none``, ``no_gain``
+    cast: Optional[Literal["before_gain", "after_gain", "none", "no_gain"]] = None
     constant_row_finite: Optional[bool] = None
     max_error: Optional[float] = None
     size: Optional[int] = None
@@ -363,6 +366,9 @@ class Site(_Model):
     input_shape: Optional[list[int]] = None
     input_axes: Optional[list[str]] = None
     input_dtype: Optional[str] = None
+    #: the dtype of the site's output (after its gain and bias): differs from ``input_dtype`` when the norm
+    #: promotes (a float32 gain or a missing cast back) -- ``normaudit.facts.formula``
+    output_dtype: Optional[str] = None
     compute_dtype: Optional[str] = None
     affine_weight: Optional[bool] = None
     affine_bias: Optional[bool] = None

@@ -197,3 +197,17 @@ def test_k_norm_sized_like_q_norm_is_a_shape_mismatch(tmp_path):
     (m,) = site(report, "k_norm").weights.shape_mismatch
     assert (m.key, m.checkpoint_key, m.model_shape, m.checkpoint_shape) == ("k_norm.weight", "k_norm.weight", [32], [8])
     assert site(report, "q_norm").weights.shape_mismatch == []
+
+
+# -- item 8: casts around the norm ---------------------------------------------------------------------------
+NORM_TYPE = FIXTURES / "norm_type"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_output_dtype_and_where_the_cast_back_sits(dtype):
+    r = audit_file(NORM_TYPE / "NT106_1.py", {}, dtype=dtype)
+    got = {s.module: (s.input_dtype, s.output_dtype, s.formula.cast) for s in r.sites}
+    wide = "float32" if dtype == "bfloat16" else dtype
+    assert got == {"llama": (dtype, dtype, "before_gain"), "gemma": (dtype, dtype, "after_gain"),
+                   "torch_rms": (dtype, dtype, None), "fp32_gain": (dtype, wide, "before_gain"),
+                   "no_cast_back": (dtype, wide, "none")}

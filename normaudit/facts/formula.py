@@ -515,6 +515,51 @@ def _special_text(rec: SiteRecord, f: Formula) -> Optional[str]:
     return None
 
 
+_WIDTH = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+
+
+def _is_cast(node: fx.Node, prev: fx.Node) -> bool:
+    """A dtype conversion: ``to``/``type_as``/``float()`` with an explicit dtype, or one the capture shows."""
+    if op_name(node) not in ("to", "type_as", "_to_copy"):
+        return False
+    if str(node.target) == "type_as" or any(isinstance(a, fx.Node) for a in node.args[1:]):
+        return True  # type_as(x), to(x.dtype): a cast back to a dtype read at run time, whatever it is here
+    return _cast_target(node) is not None or (dtype(node) is not None and dtype(node) != dtype(prev))
+
+
+def _cast_facts(rec: SiteRecord, f: Formula, g: _Graph) -> None:
+    """``site.output_dtype`` (the dtype of the site's output node) and, for a hand-written norm, ``f.cast``: where
+    the cast back after the normalisation sits relative to the gain multiply, walking forward from the applying
+    node through the site's affine chain: ``before_gain`` (``w * x_normed.to(input_dtype)``, Llama's RMSNorm: a
+    float32 gain then promotes the product), ``after_gain`` (``(x_normed * w).to(input_dtype)``, Gemma's), ``none``
+    (no cast after the normalisation: a norm that upcast its input returns float32)."""
+    s = rec.site
+    s.output_dtype = _dt(dtype(rec.output)) if rec.output is not None else None
+    scale = _scale_node(rec) if s.detected_by == "pattern" and rec.stat is not None else None
+    node = _applied_node(rec, scale) if scale is not None else None
+    if node is None:
+        return
+    seq: list[str] = []
+    for _ in range(12):
+        if node is rec.output:
+            break
+        users = [u for u in node.users if u in rec.nodes and not op_name(u).startswith("_assert")]
+        if len(users) != 1:
+            break
+        u = users[0]
+        if _is_cast(u, node):
+            seq.append("cast")
+        elif op_name(u) == "mul" and any(g.gain_form(a) for a in u.args[:2] if a is not node):
+            seq.append("gain")
+        node = u
+    if "cast" not in seq:
+        f.cast = "none"
+    elif "gain" in seq:
+        f.cast = "before_gain" if seq.index("cast") < seq.index("gain") else "after_gain"
+    else:
+        f.cast = "no_gain"
+
+
 def analyse(ctx: Any, records: list[SiteRecord]) -> None:
     """Set ``site.formula`` on every record (see the module docstring). ``ctx`` is a
     :class:`normaudit.facts.FactContext`; nothing in the graph or the models is modified."""
@@ -551,5 +596,6 @@ def analyse(ctx: Any, records: list[SiteRecord]) -> None:
             if kind is not None and kind != s.kind:
                 f.notes.append(f"kind: the graph says {s.kind}, the probe measured {kind}; using the probe")
                 s.kind = kind  # type: ignore[assignment]
+        _cast_facts(rec, f, g)
         f.text = _special_text(rec, f) or formula_text(s.kind, f, s.normalized_axes)
         s.formula = f
