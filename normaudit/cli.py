@@ -5,10 +5,14 @@
                      [--fail-on error|warning|info|never]
                      [--select IDS] [--ignore IDS] [--rules DIR] [--input-axes B,C,H,W]
                      [--baseline FILE] [--write-baseline FILE] [--settings FILE] [--isolated]
-                     [--timeout SECONDS]
-    normaudit rules              list the rules
+                     [--timeout SECONDS] [--add-noqa] [--show-settings]
+    normaudit rules [--format text|json]    list the rules
     normaudit explain ID         print one rule's documentation
     normaudit schema             print the JSON schema of the report
+    normaudit docs [--output DIR] [--check] generate docs/rules/ from the rule files (:mod:`normaudit.docs`)
+
+``--add-noqa`` writes ``# normaudit: ignore[ID]`` on each finding's line in the user's own files
+(:mod:`normaudit.noqa`), the one option that edits them; ``--show-settings`` prints the settings in force.
 
 TARGET: ``model.py[:factory]``, ``package.module:factory``, a directory with a Hugging Face ``config.json``
 or a bare ``config.json``. Without TARGET the ``targets`` of the settings file (``[tool.normaudit]`` in
