@@ -75,12 +75,16 @@ def audit_target(opts: Any, rules: dict) -> WorkerResult:
     return WorkerResult(report=report, imported=imported_files(before))
 
 
-def ray_task(opts: Any, rules: dict) -> tuple:
-    """The body of one Ray task: :func:`audit_target` as a worker message (:func:`normaudit.worker.run_and_describe`)."""
+def ray_task(opts: Any, rules: dict, cwd: str) -> tuple:
+    """The body of one Ray task: :func:`audit_target` as a worker message (:func:`normaudit.worker.run_and_describe`),
+    run in the driver's directory ``cwd`` where it exists (relative target paths, report paths as local runs
+    give them); the task's process serves this one task (``max_calls=1``), so the change does not leak."""
     from normaudit.target.hf import set_offline
     from normaudit.worker import run_and_describe
 
     set_offline()
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
     return run_and_describe(functools.partial(audit_target, opts, rules), opts.target)
 
 
@@ -206,16 +210,29 @@ def _run_local(pending: list[int], plan_opts: list, rules: dict, timeout: float,
             job.kill()
 
 
+#: ``ray.init`` options of every run: no dashboard, the workers' output and Ray's logging kept off the driver.
+RAY_QUIET = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+
+
+def local_ray_options(jobs: Optional[int] = None) -> dict[str, Any]:
+    """``ray.init`` options for a local cluster: ``jobs`` CPUs (None: all), and workers that import this very
+    normaudit (its directory first on their ``PYTHONPATH``), not another copy installed elsewhere."""
+    import normaudit
+
+    here = str(Path(normaudit.__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    options: dict[str, Any] = {**RAY_QUIET, "runtime_env": {"env_vars": {"PYTHONPATH": path}}}
+    if jobs:
+        options["num_cpus"] = jobs
+    return options
+
+
 def _ray_init(ray: Any, address: Optional[str], jobs: Optional[int]) -> bool:
     """Join the cluster at ``address``, or start a local one (``jobs`` CPUs); True when this call started it
     (the caller shuts it down). An unreachable cluster is a UsageError."""
     if ray.is_initialized():
         return False
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
-    if address:
-        kwargs["address"] = address
-    elif jobs:
-        kwargs["num_cpus"] = jobs
+    kwargs = {"address": address, **RAY_QUIET} if address else local_ray_options(jobs)
     try:
         ray.init(**kwargs)
     except (ConnectionError, ValueError, RuntimeError) as err:
@@ -234,12 +251,22 @@ def _ray_error(ray: Any, err: BaseException, target: str) -> BaseException:
 def _run_ray(pending: list[int], plan_opts: list, rules: dict, timeout: float, jobs: Optional[int],
              address: Optional[str], done: Callable) -> None:
     """The pending targets as Ray tasks (see the module docstring)."""
-    from normaudit.worker import decode_message
+    from normaudit.worker import user_code_output
 
     try:
         import ray
     except ImportError:
         raise UsageError("--executor ray needs the ray package: pip install 'normaudit[ray]'") from None
+    with user_code_output():  # Ray's driver prints its workers' deaths on stdout: keep stdout for the report
+        _ray_tasks(ray, pending, plan_opts, rules, timeout, jobs, address, done)
+
+
+def _ray_tasks(ray: Any, pending: list[int], plan_opts: list, rules: dict, timeout: float, jobs: Optional[int],
+               address: Optional[str], done: Callable) -> None:
+    """Submit at most ``jobs`` tasks at a time (default: the cluster's CPUs), take results as they finish,
+    cancel (``force=True``) those past ``timeout`` seconds since submission."""
+    from normaudit.worker import decode_message
+
     started_here = _ray_init(ray, address, jobs)
     in_flight: dict[Any, tuple[int, float]] = {}
     try:
@@ -249,7 +276,7 @@ def _run_ray(pending: list[int], plan_opts: list, rules: dict, timeout: float, j
         while queue or in_flight:
             while queue and len(in_flight) < window:
                 i = queue.pop(0)
-                in_flight[task.remote(plan_opts[i], rules)] = (i, time.monotonic())
+                in_flight[task.remote(plan_opts[i], rules, os.getcwd())] = (i, time.monotonic())
             first_deadline = min(t0 for _, t0 in in_flight.values()) + timeout
             ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=max(0.0, first_deadline - time.monotonic()))
             for ref in ready:
