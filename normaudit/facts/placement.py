@@ -612,7 +612,7 @@ def _reaches_scores(g: _Graph, start: fx.Node, residual: dict[fx.Node, ResidualA
                     if n in q_k:
                         return True
                     continue
-                if len(acts) >= 2 and not g.is_weighted(u):
+                if len(acts) >= 2 and not g.is_weighted(u) and _feeds_softmax(g, u):
                     return True
                 continue
             if g.is_weighted(u) or (u in g.norm_nodes and u not in (start,)) or name == "module":
@@ -620,6 +620,26 @@ def _reaches_scores(g: _Graph, start: fx.Node, residual: dict[fx.Node, ResidualA
             todo.append(u)
             if len(seen) > 400:
                 return False
+    return False
+
+
+def _feeds_softmax(g: _Graph, node: fx.Node) -> bool:
+    """Scores ``node`` reach a softmax within a few elementwise steps (scaling, a bias or mask, views): an
+    attention map. Contrastive logits (CLIP's ``text @ image.T * logit_scale.exp()``, whose softmax lives in
+    the loss outside the forward) and other activation products are not."""
+    frontier = [node]
+    for _ in range(8):
+        nxt = []
+        for n in frontier:
+            for u in n.users:
+                name = op_name(u)
+                if "softmax" in name or (u.op == "call_module" and isinstance(
+                        g.modules.get(str(u.target)), (nn.Softmax, nn.LogSoftmax))):
+                    return True
+                if name in ("add", "sub", "mul", "div", "masked_fill", "where", "exp", "tanh") or \
+                        name in NEUTRAL_OPS or name in VIEW_OPS or name in GUARD_OPS:
+                    nxt.append(u)
+        frontier = nxt[:32]
     return False
 
 
@@ -992,7 +1012,9 @@ def _consumer(g: _Graph, node: fx.Node) -> str:
                 todo.append(u)
                 continue
             path = owner(u, g.modules)
-            if path and not _inside(home, path):
+            mod = g.modules.get(path) if path else None
+            if path and not _inside(home, path) and not (mod is not None and not g.is_weighted(u) and not any(
+                    True for _ in mod.parameters())):  # passing through a drop path / Identity is no consumer
                 return path
             todo.append(u)
     return "output"
@@ -1008,10 +1030,12 @@ def _stack_size(blocks: list[Block], block: Optional[str]) -> int:
 
 def _normed_later(g: _Graph, node: fx.Node, norm_inputs: set[fx.Node]) -> bool:
     """``node`` reaches a stream norm's input through casts, views, slicing, pooling (functional or a pooling
-    / ``nn.Flatten`` module) and scalings by a constant only (diffusers' ``(x + h) / output_scale_factor``)."""
-    todo, seen = [node], 0
+    / ``nn.Flatten`` module), scalings by a constant (diffusers' ``(x + h) / output_scale_factor``) and at
+    most one linear projection (a conv or linear layer: a SAM/ViTDet neck ``conv1 -> LayerNorm2d`` normalises
+    the projected stream)."""
+    todo, seen = [(node, False)], 0
     while todo and seen < 64:
-        n = todo.pop()
+        n, projected = todo.pop()
         seen += 1
         if n in norm_inputs:
             return True
@@ -1021,7 +1045,10 @@ def _normed_later(g: _Graph, node: fx.Node, norm_inputs: set[fx.Node]) -> bool:
             scaling = name in ("mul", "div") and all(a in g.const for a in g.inputs[u] if a is not n)
             if (g.is_alias(u) or name in POOL_OPS or scaling or _is_pool_module(mod) or isinstance(mod, nn.Flatten) or
                     name in ("getitem", "select", "slice", "type_as", "mean", "amax", "adaptive_avg_pool1d", "cat")):
-                todo.append(u)
+                todo.append((u, projected))
+            elif not projected and g.is_weighted(u) and (name in ("linear", "conv") or isinstance(
+                    mod, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))):
+                todo.append((u, True))
     return False
 
 
