@@ -82,6 +82,7 @@ def test_items_fail_with_concise_lines(project):
     result = project.runpytest("-p", "normaudit.pytest_plugin", "-p", "no:cacheprovider", "-rf")
     result.assert_outcomes(passed=2, failed=2)
     out = result.stdout.str()
+    assert "collected 4 items" in out  # the three targets count as collected tests
     failures = {ln.split(" - ")[0]: ln for ln in result.stdout.lines if ln.startswith("FAILED ")}
     assert sorted(failures) == ["FAILED pyproject.toml::broken.py", "FAILED pyproject.toml::buggy.py"]
     concise = [ln for ln in result.stdout.lines if ln.startswith("buggy.py:")]
