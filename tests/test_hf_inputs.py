@@ -155,11 +155,10 @@ def test_vision_tower_alone_gets_patches_and_grid():
 def test_vision_tower_alone_is_captured_with_every_norm(rules):
     # export fails on the data-dependent split of the attention by cu_seqlens (lengths.tolist(), computed from
     # grid_thw, also with grid_thw a constant); every norm still comes from a graph, by parts
-    model = _auto_meta("Qwen3VLVisionConfig", **QWEN3_VL_VISION)
+    model = _auto_meta("Qwen3VLVisionConfig", **QWEN3_VL_VISION).eval()
     report = audit_model(model, rules=rules, on_meta=True)
     assert report.capture.method == "parts", report.capture.attempts
-    tries = ["export", "export (integer inputs as constants)"]
-    assert [a.method for a in report.capture.attempts] == tries + [f"{t} (eval)" for t in tries]
+    assert [a.method for a in report.capture.attempts] == ["export", "export (integer inputs as constants)"]
     norms = _norm_modules(model)
     assert len(norms) == 2 * 2 + 1  # norm1/norm2 per block, the merger's norm
     assert sorted({s.module for s in report.sites if s.detected_by == "module"}) == sorted(norms)
@@ -208,3 +207,23 @@ def test_required_parameters_decide_the_inputs(rules):
     assert said == "pixel_values float (8, 12), grid_thw int64 (2, 3), merge_sizes int64 (2,)"
     report = audit_model(model, rules=rules)
     assert report.capture.complete and [s.module for s in report.sites] == ["norm"]
+
+
+def test_multimodal_forward_that_fails_is_captured_by_its_main_tower_and_parts(rules):
+    # Qwen3-VL on text + image: the vision tower's attention splits by cu_seqlens.tolist() (data-dependent),
+    # so the whole forward cannot be exported. The retry on the text alone gives a whole-model graph of the
+    # language model; the vision tower, never called by it, is captured alone on its own inputs (by parts).
+    text = dict(TEXT, model_type="qwen3_vl_text", vocab_size=120, num_key_value_heads=2, head_dim=8, num_hidden_layers=1,
+                rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 1, 1]))
+    model = _auto_meta("Qwen3VLConfig", text_config=text, vision_config=dict(QWEN3_VL_VISION, depth=1),
+                       image_token_id=110, video_token_id=111, vision_start_token_id=112).eval()
+    report = audit_model(model, rules=rules, on_meta=True)  # eval: no second, eval-mode round of attempts
+    attempts = [(a.method, a.ok) for a in report.capture.attempts]
+    assert attempts[0] == ("export", False) and attempts[-1] == ("export (main tower's inputs only)", True)
+    assert report.capture.complete and report.capture.method == "export"
+    parts = sorted(p.module for p in report.capture.parts)
+    assert all(p.startswith("visual.") for p in parts) and "visual.merger" in parts
+    vision = [n for n in _norm_modules(model) if n.startswith("visual.")]
+    graphed = {s.module for s in report.sites if s.detected_by != "module_walk"}
+    assert set(vision) <= graphed and len(vision) == 3  # norm1, norm2 of one block, the merger's norm
+    assert "language_model.norm" in graphed and report.capture.unaudited == []

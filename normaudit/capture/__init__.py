@@ -227,11 +227,46 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
     modules = dict(model.named_modules())
     fake_args = fake_inputs(inputs, mode, dtype)
     attempts: list[CaptureAttempt] = []
-    train_error = None
     was_training = model.training
     # Per-module modes, restored after an eval-mode retry: a BatchNorm the user froze with .eval() inside
     # a training model must still read as frozen.
     modes = {name: m.training for name, m in modules.items()}
+    found, train_error = _try_methods(model, fake_args, inputs, mode, methods, attempts)
+    if found is None and isinstance(inputs, dict):
+        from normaudit.target.inputs import main_tower_inputs
+
+        fewer = main_tower_inputs(model, inputs)  # a multimodal forward that fails: its main tower alone
+        if fewer is not None:
+            _restore_modes(modules, modes)
+            found, _ = _try_methods(model, fake_inputs(fewer, mode, dtype), fewer, mode, ("export",), attempts,
+                                    " (main tower's inputs only)")
+    _restore_modes(modules, modes)
+    if found is not None:
+        gm, user, method, train_pass = found
+        cap = Capture(gm=gm, method=method, attempts=attempts, root=model, modules=modules,
+                      user_inputs=user, eval_fallback=not train_pass and was_training,
+                      train_error=train_error if not train_pass else None)
+        if parts_fallback:
+            from normaudit.capture.parts import capture_unreached
+
+            with _quiet():
+                cap.parts = capture_unreached(cap, mode, dtype)
+        return cap
+    parts, parts_error = (_capture_parts(model, fake_args, mode, modules, inputs) if parts_fallback
+                          else ([], None))
+    _restore_modes(modules, modes)
+    return Capture(gm=None, method="module_walk", attempts=attempts, root=model, modules=modules,
+                   train_error=train_error, parts=parts, parts_error=parts_error)
+
+
+def _try_methods(model: nn.Module, fake_args: Any, inputs: Any, mode: FakeTensorMode, methods: tuple[str, ...],
+                 attempts: list[CaptureAttempt], note: str = "") -> tuple[Optional[tuple], Optional[str]]:
+    """Run the capture methods (:func:`_plan`) in the model's own mode, then in eval mode when it was
+    training; each attempt is appended to ``attempts`` (labelled with ``note``). Returns ``((gm,
+    user_inputs, method, train_pass) or None, the first error in training mode)``; the model is left in
+    the mode of the pass that captured (eval after a failed training pass)."""
+    train_error = None
+    was_training = model.training
     for train_pass in ([True, False] if was_training else [False]):
         if not train_pass:
             model.eval()
@@ -239,7 +274,7 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
             if fixed and not data_dependent((attempts[-1].error if attempts else None) or ""):
                 continue  # constants only where export failed on a data-dependent size
             t0 = time.perf_counter()
-            label = f"{method} (integer inputs as constants)" if fixed else method
+            label = (f"{method} (integer inputs as constants)" if fixed else method) + note
             label = label if train_pass == was_training else f"{label} (eval)"
             try:
                 with _quiet():
@@ -254,22 +289,8 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
                     train_error = _one_line(_root_cause(exc))
                 continue
             attempts.append(CaptureAttempt(method=label, ok=True, seconds=round(time.perf_counter() - t0, 3)))
-            _restore_modes(modules, modes)
-            cap = Capture(gm=gm, method=method, attempts=attempts, root=model, modules=modules,
-                          user_inputs=user, eval_fallback=not train_pass and was_training,
-                          train_error=train_error if not train_pass else None)
-            if parts_fallback:
-                from normaudit.capture.parts import capture_unreached
-
-                with _quiet():
-                    cap.parts = capture_unreached(cap, mode, dtype)
-            return cap
-    _restore_modes(modules, modes)
-    parts, parts_error = (_capture_parts(model, fake_args, mode, modules, inputs) if parts_fallback
-                          else ([], None))
-    _restore_modes(modules, modes)
-    return Capture(gm=None, method="module_walk", attempts=attempts, root=model, modules=modules,
-                   train_error=train_error, parts=parts, parts_error=parts_error)
+            return (gm, user, method, train_pass), train_error
+    return None, train_error
 
 
 def _plan(methods: tuple[str, ...], fake_args: Any, inputs: Any) -> list[tuple[str, dict]]:

@@ -269,7 +269,7 @@ def capture_unreached(cap: Any, mode: FakeTensorMode, dtype: torch.dtype) -> lis
     uncalled submodule that holds a norm and is a Hugging Face model of its own (a ``config`` and a
     ``main_input_name``) is captured alone on inputs built for it (:func:`normaudit.target.inputs.infer_hf_inputs`).
     """
-    from normaudit.capture import fake_inputs
+    from normaudit.capture import constant_inputs, fake_inputs
     from normaudit.facts.sites import walk_modules
     from normaudit.target.inputs import forward_kwargs, _forward_params, infer_hf_inputs
 
@@ -288,12 +288,13 @@ def capture_unreached(cap: Any, mode: FakeTensorMode, dtype: torch.dtype) -> lis
         if built is None:
             continue
         kwargs = {**fake_inputs(built[0], mode, dtype), **forward_kwargs(_forward_params(mod))}
-        sub = capture_one(mod, (), kwargs, mode)
+        sub = capture_one(mod, (), kwargs, mode, constant_inputs(kwargs, built[0]))
         if sub.gm is not None:
             found.append(PartCapture(path=path, capture=sub, inputs=_describe((), kwargs)))
             continue
         inner = [u[len(path) + 1:] for u in unreached if u.startswith(path + ".")]
-        for part in capture_parts(mod, kwargs, mode, inner)[0]:  # its blocks, on inputs its forward gives them
+        for part in capture_parts(mod, kwargs, mode, inner, real_inputs=built[0])[0]:  # its blocks, on the
+            # inputs its forward gives them
             found.append(PartCapture(path=_join(path, part.path), capture=part.capture, inputs=part.inputs))
     return found
 

@@ -278,6 +278,33 @@ def _with_masks(params: dict[str, inspect.Parameter], combo: dict[str, torch.Ten
     return out or [combo]
 
 
+#: inputs of the other towers of a multimodal model, left out by :func:`main_tower_inputs`
+_TOWER_INPUTS = ("pixel_values", "pixel_values_videos", "input_features", "input_values", "image_grid_thw",
+                 "video_grid_thw", "grid_thw", "merge_sizes", "audio_mel")
+
+
+def main_tower_inputs(model: nn.Module, kwargs: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """The keyword inputs of ``model``'s main tower only (a vision-language model's text, without its image
+    inputs and their placeholder tokens), for a retry when the multimodal forward cannot be captured: the
+    towers left out are then captured alone as parts the forward never called. None when ``kwargs`` hold
+    no other tower's inputs, or the main input is one of them."""
+    params = _forward_params(model)
+    main = getattr(model, "main_input_name", None)
+    if main not in _named(params) or main in _TOWER_INPUTS:
+        return None
+    drop = {k for k in kwargs if k in _TOWER_INPUTS}
+    drop |= {k for k in kwargs if k.endswith(_MASK_SUFFIX) and k[: -len(_MASK_SUFFIX)] in drop}
+    if not drop:
+        return None
+    out = {k: v for k, v in kwargs.items() if k not in drop}
+    token = _image_token(getattr(model, "config", None))
+    ids = out.get("input_ids")
+    if token is not None and isinstance(ids, torch.Tensor) and bool((ids == token).any()):
+        vocab = cfg_value(model.config, ("vocab_size",), _TEXT, 100)
+        out["input_ids"] = _ids(min(int(vocab), 100, token) or 1, (BATCH, SEQ))  # no image placeholders
+    return out
+
+
 def _combinations(choices: dict[str, list[torch.Tensor]], limit: int = 12) -> Iterator[dict[str, torch.Tensor]]:
     """Candidate input sets: every main-input candidate with the first of the others, then fewer inputs."""
     names = list(choices)
