@@ -17,7 +17,7 @@ Entries are JSON files (the pydantic report as :meth:`~pydantic.BaseModel.model_
 pickle) under ``.normaudit_cache/`` beside the settings file (``pyproject.toml``/``normaudit.toml``), else under
 ``$XDG_CACHE_HOME/normaudit`` (``~/.cache/normaudit``); ``$NORMAUDIT_CACHE_DIR`` overrides both, and
 ``--no-cache`` bypasses the cache. A directory inside site-packages is never used. Only reports are stored
-(a target that fails is audited again). A cache that cannot be read or written is skipped: a miss, a note
+(a target that fails is audited again), and never those of ``--probe numerics``. A cache that cannot be read or written is skipped: a miss, a note
 with ``-v`` at most. Files the model's code opens itself (data files read by ``build_model()``) are not part of
 the key: use ``--no-cache`` for such models.
 """
@@ -151,9 +151,12 @@ def key_parts(opts: Any, rules: dict) -> dict[str, Any]:
 
 
 def cache_key(opts: Any, rules: dict) -> Optional[str]:
-    """The key of one target's entry (a hex digest of :func:`key_parts`); None when a part cannot be
-    expressed (an in-memory config: ``opts.config_data``)."""
+    """The key of one target's entry (a hex digest of :func:`key_parts`); None (never cached) when a part
+    cannot be expressed: an in-memory config (``opts.config_data``), or a ``--probe numerics`` run, a
+    measurement of a real run on whatever device is there (CUDA when available), not a function of the files."""
     if getattr(opts, "config_data", None) is not None:
+        return None
+    if any(p.startswith("numerics") for p in getattr(opts, "probes", []) or []):
         return None
     return _sha(json.dumps(key_parts(opts, rules), sort_keys=True, default=str).encode())
 

@@ -228,3 +228,16 @@ def test_cache_directory_beside_the_settings_file_else_xdg_never_site_packages(t
     monkeypatch.setenv("XDG_CACHE_HOME", str(packages))
     assert cache_mod.default_cache_dir(None) is None
     assert cache_mod.default_cache_dir(packages / "some_pkg" / "pyproject.toml") is None
+
+
+def test_numerics_runs_and_in_memory_configs_are_never_cached(project):
+    from normaudit.engine.loader import load_rules
+    from normaudit.options import AuditOptions
+
+    rules = load_rules(["rules"])
+    assert cache_mod.cache_key(AuditOptions(target="model.py", probes=["numerics"]), rules) is None
+    assert cache_mod.cache_key(AuditOptions(target="model.py", probes=["numerics-backward"]), rules) is None
+    assert cache_mod.cache_key(AuditOptions(target="model.py", config_data={"eps": 1e-5}), rules) is None
+    batch = cache_mod.cache_key(AuditOptions(target="model.py", probes=["batch"]), rules)
+    plain = cache_mod.cache_key(AuditOptions(target="model.py"), rules)
+    assert batch is not None and plain is not None and batch != plain
