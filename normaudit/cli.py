@@ -6,6 +6,7 @@
                      [--select IDS] [--ignore IDS] [--rules DIR] [--input-axes B,C,H,W]
                      [--baseline FILE] [--write-baseline FILE] [--settings FILE] [--isolated]
                      [--timeout SECONDS] [--add-noqa] [--show-settings]
+                     [-j N] [--executor local|ray] [--ray-address ADDRESS] [--no-cache] [-v]
     normaudit rules [--format text|json]    list the rules
     normaudit explain ID         print one rule's documentation
     normaudit schema             print the JSON schema of the report
@@ -28,7 +29,9 @@ under one summary. ``-q/--quiet`` leaves the findings only and ``--statistics`` 
 instead, in the human formats (``text``, ``concise``), which are coloured on a terminal without ``NO_COLOR``.
 
 Each target's user code (import, build, capture, probes) runs in a worker process under ``--timeout``
-seconds (:mod:`normaudit.worker`): a hang or a crash of the model's code is exit 2 naming the phase. No
+seconds (:mod:`normaudit.worker`): a hang or a crash of the model's code is exit 2 naming the phase;
+``-j N`` targets run at once, or as Ray tasks (``--executor ray``), and an unchanged target's report comes
+from the result cache (:mod:`normaudit.runner`, :mod:`normaudit.cache`; ``--no-cache``). No
 output (``-o``, ``--write-baseline``) may overwrite a target, config, checkpoint or settings file of the run.
 
 Exit status: 0 no finding at or above --fail-on, 1 such findings, 2 bad input or usage, 3 internal error;
