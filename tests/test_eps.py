@@ -167,3 +167,28 @@ def test_checkpoint_config_origin():
     embedded = SimpleNamespace(config={"rms_norm_eps": 1e-5}, config_source="/w/x.safetensors:__metadata__.config")
     assert checkpoint_config_source(embedded, plain, None).source == \
         "x.safetensors:__metadata__.config (with the checkpoint)"
+
+
+def test_clip_embedding_l2_normalisation_is_no_eps_zero_norm(eps_rules):
+    """transformers CLIPModel (modeling_clip.py:800-801): ``image_embeds / _get_vector_norm(image_embeds)``
+    (a sum of squares to the power 0.5, no eps) L2-normalises the pooled embeddings for cosine logits that
+    only a loss outside the forward turns into a softmax. That is a cosine similarity, not a normalisation
+    layer: no site on the top module, so no NE103 (eps 0); the towers' own norms keep their eps."""
+    transformers = pytest.importorskip("transformers")
+    from conftest import audit_model
+
+    cfg = transformers.CLIPConfig(
+        text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         vocab_size=100, max_position_embeddings=16),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        projection_dim=16)
+    with torch.device("meta"):
+        model = transformers.CLIPModel(cfg)
+    inputs = {"input_ids": torch.randint(0, 100, (2, 7)), "pixel_values": torch.randn(2, 3, 32, 32)}
+    report = audit_model(model, inputs, rules=eps_rules, on_meta=True)
+    assert report.capture.complete
+    modules = {s.module for s in report.sites}
+    assert "" not in modules and {"text_model.final_layer_norm", "vision_model.post_layernorm"} <= modules
+    assert [s.eps for s in report.sites if s.module == "text_model.final_layer_norm"] == [1e-5]
+    assert not [f for f in report.findings if f.rule_id == "NE103"]
