@@ -230,3 +230,12 @@ def test_minilm_float16_statistics_without_false_alarm(rules):
         assert m.eps_dominated_below == pytest.approx(1e-11) and m.eps_dominated_fraction == 0.0
         assert m.headroom > 100 and m.bound_source == "checkpoint" and m.output_bound < 65504
     assert [(f.rule_id, f.module) for f in report.findings if f.severity != "info"] == []
+
+
+def test_random_weights_keep_eps_dominated_rows_at_info(rules, tmp_path):
+    """Gemma-2's post_feedforward_layernorm at initialisation: 25 of 32 rows below 10 * eps, yet only info
+    without a checkpoint (the same share with checkpoint weights is a warning, NN104_1)."""
+    report, _ = run_fixture(FIXTURES / "NN104_3.py", 0, rules, tmp_path)
+    post = site(report, "post_norm").numerics
+    assert (post.rows, post.eps_dominated_fraction, post.eps_dominated_below) == (32, 25 / 32, pytest.approx(1e-5))
+    assert [(f.rule_id, f.severity) for f in report.findings if f.module == "post_norm"] == [("NN104", "info")]
