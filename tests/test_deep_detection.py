@@ -211,3 +211,29 @@ def test_output_dtype_and_where_the_cast_back_sits(dtype):
     assert got == {"llama": (dtype, dtype, "before_gain"), "gemma": (dtype, dtype, "after_gain"),
                    "torch_rms": (dtype, dtype, None), "fp32_gain": (dtype, wide, "before_gain"),
                    "no_cast_back": (dtype, wide, "none")}
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_called_modules_on_both_graph_flavours(method):
+    from normaudit.capture import capture_model
+    from normaudit.facts.usage import called_modules
+
+    spec = load_fixture_module(PLACEMENT / "NP107_1.py")
+    cap = capture_model(spec.build_model(), spec.example_inputs(), on_meta=False, methods=(method,))
+    assert cap.method == method, cap.attempts
+    called = called_modules(cap.gm, cap.modules)
+    assert {"", "transformer", "transformer.h.1.ln2", "lm_head"} <= called
+    assert "transformer.ln_f" not in called
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_group_norms_on_both_graph_flavours(method):
+    from normaudit.capture import capture_model
+    from normaudit.facts.sites import discover_sites
+
+    spec = load_fixture_module(LAYOUT / "NL107_2.py")
+    cap = capture_model(spec.build_model(), spec.example_inputs(), on_meta=False, methods=(method,))
+    assert cap.method == method, cap.attempts
+    got = {r.site.module: (r.site.kind, r.site.num_groups, r.site.group_split.dim, r.site.group_split.channel_dim)
+           for r in discover_sites(cap)}
+    assert got == {"flat": ("GroupNorm", 4, 1, 1), "five_d": ("GroupNorm", 8, 1, 1), "nhwc": ("GroupNorm", 8, 3, 3)}
