@@ -120,11 +120,13 @@ def _light_audit(model, inputs=None, rules=None, on_meta=False):
                            capture=SimpleNamespace(method=cap.method, complete=True))
 
 
-@pytest.mark.parametrize("name", ["NP101_2", "NP101_3", "NP102_1", "NP103_1", "NP104_1"])
+@pytest.mark.parametrize("name", ["NP101_2", "NP101_3", "NP102_1", "NP103_1", "NP104_1", "NP104_5", "NP104_6", "NP102_7",
+                                  "NP101_7"])
 def test_symbolic_trace_and_export_agree(name):
     """Pre-LN with dropout modules on the stream, parallel residuals, skip-from-norm with a hand-written RMS
-    norm, post-LN with a double norm, and mixed blocks: the same placements, blocks and model facts from both
-    capture methods."""
+    norm, post-LN with a double norm, mixed blocks, pooled projection shortcuts (Hiera, MaxViT), RepVGG branch
+    sums, a downsampler's local residual and contrastive logits: the same placements, blocks and model facts
+    from both capture methods."""
     module = _load(FIXTURES / f"{name}.py")
     torch.manual_seed(0)
     traced = _placements(module.build_model(), module.example_inputs(), "symbolic_trace")
