@@ -137,7 +137,7 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
         from normaudit.probes.numerics import numerics_probe
 
         section = numerics_probe(ctx, facts.records, getattr(mua, "build_fn", None), mua.file or opts.target,
-                                 backward="numerics-backward" in numerics)
+                                 backward="numerics-backward" in numerics, autocast="numerics-autocast" in numerics)
         options["numerics"] = section
     phase("rules")
     sites = [r.site for r in facts.records]

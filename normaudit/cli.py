@@ -128,13 +128,15 @@ def audit_parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore", type=_ids, help="comma-separated rule ids, id prefixes, names or categories")
     p.add_argument("--rules", action="append", metavar="DIR", help="a directory of extra rule files")
     p.add_argument("--input-axes", help="axes of the first input, e.g. B,C,H,W or batch,sequence")
-    p.add_argument("--probe", action="append", default=[], choices=["batch", "size", "numerics", "numerics-backward"],
+    p.add_argument("--probe", action="append", default=[], choices=["batch", "size", "numerics", "numerics-backward",
+                                                                 "numerics-autocast"],
                    help="opt-in dynamic probe: 'batch' runs a small real copy of the model and checks that each "
                         "norm's output for one example does not depend on the other examples; 'size' forces the "
                         "re-capture at other spatial/sequence sizes on graphs above 1500 nodes (smaller ones get it "
                         "by default); 'numerics' runs the model for real in --dtype (weights from --checkpoint, "
                         "else the factory's random init) and reports the first module making inf/NaN, eps-dominated "
-                        "norms and headroom to the dtype's maximum; 'numerics-backward' adds one backward")
+                        "norms and headroom to the dtype's maximum; 'numerics-backward' adds one backward; "
+                        "'numerics-autocast' keeps float32 weights and runs under torch.autocast instead of casting")
     p.add_argument("--max-params", type=_positive_int, metavar="N",
                    help="the most parameters --probe numerics builds for real (default 1000000000); above it: exit 2")
     p.add_argument("--baseline", metavar="FILE", help="report only findings not recorded in this baseline")

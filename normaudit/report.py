@@ -252,6 +252,8 @@ class NumericsReport(_Model):
     device: str
     weights: Literal["checkpoint", "random"] = "random"
     backward: bool = False
+    #: float32 weights run under ``torch.autocast(device, dtype)`` (``--probe numerics-autocast``) instead of cast
+    autocast: bool = False
     error: Optional[str] = None
     seconds: float = 0.0
     modules: int = 0

@@ -239,3 +239,15 @@ def test_random_weights_keep_eps_dominated_rows_at_info(rules, tmp_path):
     post = site(report, "post_norm").numerics
     assert (post.rows, post.eps_dominated_fraction, post.eps_dominated_below) == (32, 25 / 32, pytest.approx(1e-5))
     assert [(f.rule_id, f.severity) for f in report.findings if f.module == "post_norm"] == [("NN104", "info")]
+
+
+def test_autocast_run_keeps_float32_weights_and_finds_the_same_producer(rules):
+    """--probe numerics-autocast: float32 weights under torch.autocast(float16): the projection's matmul runs in
+    float16 and overflows; layer_norm autocasts to float32 and turns the inf into NaN, as in the cast run."""
+    spec = load_fixture_module(FIXTURES / "NN102_1.py")
+    r = audit_model(spec.build_model(), spec.example_inputs(), rules=rules, dtype="float16",
+                    probes=["numerics-autocast"])
+    n = r.numerics
+    assert (n.autocast, n.producer.module, n.first_nan) == (True, "blocks.1.proj", "blocks.1.norm")
+    assert sorted((f.rule_id, f.module) for f in r.findings if f.category == "numerics") == [
+        ("NN102", "blocks.1.proj"), ("NN103", "blocks.1.norm")]

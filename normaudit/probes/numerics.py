@@ -1,4 +1,5 @@
-"""Numerics probe (``--probe numerics``; ``--probe numerics-backward`` adds one backward): run the model for real
+"""Numerics probe (``--probe numerics``; ``numerics-backward`` adds one backward, ``numerics-autocast`` runs float32
+weights under ``torch.autocast``): run the model for real
 in the audited dtype and see where non-finite values appear and how close each norm runs to eps and to the
 dtype's maximum.
 
@@ -27,6 +28,7 @@ statistic in the dtype, the layer where NaN first appears); transformers ``debug
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import weakref
@@ -464,10 +466,11 @@ def _model_bounds(model: nn.Module, records: list, dtype: str) -> None:
         bound_from_values(s, float(g.min()), float(g.max()), b, "model", dtype)
 
 
-def _run(model: nn.Module, inputs: Any, rec: Recorder, backward: bool) -> tuple[Any, Optional[float]]:
-    """One forward (and with ``backward`` one backward of the mean of the first output, in float32)."""
+def _run(model: nn.Module, inputs: Any, rec: Recorder, backward: bool, amp: Any) -> tuple[Any, Optional[float]]:
+    """One forward (and with ``backward`` one backward of the mean of the first output, in float32), under the
+    context ``amp`` (``torch.autocast`` or a null context)."""
     rec.backward = backward
-    with quiet(), _NormMode(rec):
+    with quiet(), amp, _NormMode(rec):
         if not backward:
             with torch.no_grad():
                 return call_model(model, inputs), None
@@ -481,9 +484,12 @@ def _run(model: nn.Module, inputs: Any, rec: Recorder, backward: bool) -> tuple[
 
 
 def numerics_probe(ctx: Any, records: list, build_fn: Any = None, where: Optional[str] = None,
-                   backward: bool = False) -> NumericsReport:
+                   backward: bool = False, autocast: bool = False) -> NumericsReport:
     """Run the numerics probe (module docstring) on ``ctx.probe_model`` with ``ctx.inputs`` in
     ``ctx.options["dtype"]``; sets ``site.numerics`` of the measured sites and returns the ``numerics`` section.
+    With ``autocast`` (``--probe numerics-autocast``) the weights stay float32 and the run is under
+    ``torch.autocast(device, dtype)``, as mixed-precision training runs (matmuls in the dtype, reductions such
+    as layer_norm in float32).
 
     A model that cannot be built or run leaves ``error`` set (and nothing measured) rather than failing the
     audit; a factory that fails on its second call raises UsageError.
@@ -491,8 +497,10 @@ def numerics_probe(ctx: Any, records: list, build_fn: Any = None, where: Optiona
     dtype_name = str((ctx.options or {}).get("dtype") or "float32")
     device = pick_device()
     ckpt = getattr(ctx, "checkpoint", None)
+    autocast = autocast and dtype_name != "float32"
     report = NumericsReport(dtype=dtype_name, device=str(device), weights="checkpoint" if ckpt else "random",
-                            backward=backward)
+                            backward=backward, autocast=autocast)
+    cast = torch.float32 if autocast else DTYPES[dtype_name]
     if ctx.probe_model is None or ctx.inputs is None:
         report.error = "no model or example inputs to run"
         return report
@@ -500,7 +508,7 @@ def numerics_probe(ctx: Any, records: list, build_fn: Any = None, where: Optiona
     try:
         model, report.weights, notes = real_model(ctx.probe_model, ckpt, build_fn, where)
         report.notes += notes
-        model = model.to(device=device, dtype=DTYPES[dtype_name]).eval()
+        model = model.to(device=device, dtype=cast).eval()
     except UsageError:
         raise
     except Exception as exc:  # noqa: BLE001 - a probe never fails the audit
@@ -510,7 +518,8 @@ def numerics_probe(ctx: Any, records: list, build_fn: Any = None, where: Optiona
         _model_bounds(model, records, dtype_name)
     rec = Recorder(model, [r.site for r in records], dtype_name)
     try:
-        out, report.loss = _run(model, _cast_inputs(ctx.inputs, DTYPES[dtype_name], device), rec, backward)
+        amp = torch.autocast(device.type, dtype=DTYPES[dtype_name]) if autocast else contextlib.nullcontext()
+        out, report.loss = _run(model, _cast_inputs(ctx.inputs, cast, device), rec, backward, amp)
         report.output = tensor_stats(_leaves(out))
     except Exception as exc:  # noqa: BLE001
         report.error = f"the forward{'/backward' if backward else ''} failed in {dtype_name}: {one_line(exc)}"

@@ -18,7 +18,7 @@ def numerics_lines(report: Report) -> list[str]:
     if n is None:
         return []
     weights = "checkpoint weights" if n.weights == "checkpoint" else "random initial weights"
-    lines = ["", f"numerics ({n.dtype} on {n.device}, {weights}, {n.seconds:.2f} s"
+    lines = ["", f"numerics ({n.dtype}{' autocast' if n.autocast else ''} on {n.device}, {weights}, {n.seconds:.2f} s"
              + (", with a backward" if n.backward else "") + "):"]
     if n.error:
         return lines + [f"  not measured: {n.error}"]
