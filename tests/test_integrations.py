@@ -34,8 +34,9 @@ def tiny_gpt2():
     return GPT2LMHeadModel(cfg)
 
 
-def run_trainer(tmp_path, model, callback):
+def run_trainer(tmp_path, model, callback, accumulation=1):
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=MAX_STEPS, per_device_train_batch_size=4,
+                             gradient_accumulation_steps=accumulation,
                              report_to=[], save_strategy="no", use_cpu=True, logging_steps=1000,
                              disable_tqdm=True, dataloader_num_workers=0, seed=0)
     trainer = Trainer(model=model, args=args, train_dataset=RandomTokens(), callbacks=[callback])
@@ -57,12 +58,13 @@ def inject_nan_at_forward(module, n):
     module.register_forward_hook(hook)
 
 
-def test_callback_stops_training_at_the_step_and_layer_of_the_first_nan(tmp_path, caplog):
+@pytest.mark.parametrize("accumulation, forward", [(1, 3), (2, 5)])   # step 3: its only / first micro-batch
+def test_callback_stops_training_at_the_step_and_layer_of_the_first_nan(tmp_path, caplog, accumulation, forward):
     model = tiny_gpt2()
-    inject_nan_at_forward(model.transformer.h[1].mlp.c_fc, 3)        # one forward per step: step 3
+    inject_nan_at_forward(model.transformer.h[1].mlp.c_fc, forward)
     callback = NormauditCallback(action="stop")
     with caplog.at_level(logging.WARNING, logger="normaudit"):
-        trainer = run_trainer(tmp_path, model, callback)
+        trainer = run_trainer(tmp_path, model, callback, accumulation)
     assert callback.stopped_at == 3 and trainer.state.global_step == 3
     assert len(callback.events) == 1
     ev = callback.events[0]

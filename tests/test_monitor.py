@@ -325,3 +325,22 @@ def test_lazy_attribute_keeps_import_normaudit_free_of_torch():
     assert normaudit.monitor is monitor
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         normaudit.nope
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_reruns_are_not_mistaken_for_producers(reentrant):
+    """torch.utils.checkpoint re-runs each block's forward inside backward (its module hooks fire again)."""
+
+    class CheckpointedNet(Net):
+        def forward(self, x):
+            h = self.emb(x)
+            for b in self.blocks:
+                h = torch.utils.checkpoint.checkpoint(b, h, use_reentrant=reentrant)
+            return self.head(self.ln_f(h))
+
+    torch.manual_seed(0)
+    model, box = CheckpointedNet(), [None]
+    nan_output_at(model.blocks[1].fc1, box, NAN_STEP)
+    report = train(model, monitor(model), before_step=lambda s: box.__setitem__(0, s))
+    assert [(e.step, e.phase, e.module) for e in report.events] == [(3, "forward", "blocks.1.fc1")]
+    assert report.first.first_norm == "blocks.2.ln"
