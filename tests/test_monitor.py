@@ -344,3 +344,24 @@ def test_activation_checkpointing_reruns_are_not_mistaken_for_producers(reentran
     report = train(model, monitor(model), before_step=lambda s: box.__setitem__(0, s))
     assert [(e.step, e.phase, e.module) for e in report.events] == [(3, "forward", "blocks.1.fc1")]
     assert report.first.first_norm == "blocks.2.ln"
+
+
+def test_a_parameter_passed_to_a_module_keeps_no_hook_across_steps():
+    """Hooks on a leaf tensor (here a parameter given to a module as its input) outlive the step unless
+    removed; the monitor removes them when it reads the step."""
+
+    class PosNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pos = nn.Parameter(torch.randn(4, 8))
+            self.drop = nn.Dropout(0.0)
+            self.fc = nn.Linear(8, 1)
+
+        def forward(self, x):
+            return self.fc(x + self.drop(self.pos))
+
+    torch.manual_seed(0)
+    model = PosNet()
+    report = train(model, monitor(model), steps=3)
+    assert report.events == [] and report.forwards_checked == 3
+    assert not model.pos._backward_hooks

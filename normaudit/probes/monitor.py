@@ -148,6 +148,7 @@ class _StepState:
         self.open: dict[int, list[_Call]] = {}
         self.grads: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.grad_of: list[int] = []
+        self.leaf_hooks: list = []
         self.backward_queued = False
         self.done = False
 
@@ -320,7 +321,9 @@ class Monitor:
         state.values.append(_extrema(t))
         state.known[key] = (weakref.ref(t), t._version, idx)
         if self.backward and t.requires_grad and torch.is_grad_enabled():
-            t.register_hook(functools.partial(self._grad_hook, state, idx))
+            handle = t.register_hook(functools.partial(self._grad_hook, state, idx))
+            if t.grad_fn is None:   # a leaf (a parameter passed as an input) keeps its hooks: removed at flush
+                state.leaf_hooks.append(handle)
         return idx
 
     def _pre(self, i: int, mod: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -364,6 +367,8 @@ class Monitor:
         if event is None and grads:
             event = self._backward_event(state, values, grads)
         state.values, state.grads, state.known = [], [], {}
+        for handle in state.leaf_hooks:
+            handle.remove()
         if event is not None:
             self.report.events.append(event)
             if self.on_nonfinite == "warn":
