@@ -334,12 +334,23 @@ def _through_pool(g: _Graph, node: Any) -> Any:
         name = op_name(node)
         if name == "getitem" and "pool" in op_name(node.args[0]):
             node = node.args[0]
+        elif name in ("amax", "max", "mean") and _is_split_view(node.args[0]):
+            node = node.args[0]  # Hiera's max-pool of tokens: x.view(B, stride, -1, C).amax(dim=1)
         elif name in POOL_OPS or name.startswith("max_pool") or \
                 (node.op == "call_module" and _is_pool_module(g.modules.get(str(node.target)))):
             node = node.args[0]
         else:
             return node
     return node
+
+
+def _is_split_view(node: fx.Node) -> bool:
+    """``node`` is a view/reshape that adds dims (splits one axis into a window and the rest), the first step
+    of a pooling written as ``view`` + ``amax``/``mean`` over the window dim."""
+    if op_name(node) not in ("view", "reshape", "unflatten") or not node.args or not isinstance(node.args[0], fx.Node):
+        return False
+    before, after = shape(node.args[0]), shape(node)
+    return before is not None and after is not None and len(after) > len(before)
 
 
 def _shortcut_source(g: _Graph, skip: fx.Node) -> Optional[tuple[fx.Node, fx.Node]]:
