@@ -237,3 +237,48 @@ def test_group_norms_on_both_graph_flavours(method):
     got = {r.site.module: (r.site.kind, r.site.num_groups, r.site.group_split.dim, r.site.group_split.channel_dim)
            for r in discover_sites(cap)}
     assert got == {"flat": ("GroupNorm", 4, 1, 1), "five_d": ("GroupNorm", 8, 1, 1), "nhwc": ("GroupNorm", 8, 3, 3)}
+
+
+class _GatedRMSNorm(nn.Module):
+    """Mamba-2 / Qwen3-Next gated norm: rms_norm(x) * w * silu(gate); ``offset`` the (1 + w) variant."""
+
+    def __init__(self, d: int, offset: bool):
+        super().__init__()
+        self.offset = offset
+        self.weight = nn.Parameter(torch.zeros(d) if offset else torch.ones(d))
+
+    def forward(self, x, gate):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        w = 1.0 + self.weight.float() if self.offset else self.weight.float()
+        return (h * w * F.silu(gate.float())).type_as(x)
+
+
+class _GatedBlock(nn.Module):
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.in_proj = nn.Linear(d, 2 * d)
+        self.norm = _GatedRMSNorm(d, offset=True)      # the port applies Gemma's offset to the gated norm
+        self.plain = _GatedRMSNorm(d, offset=False)
+        self.out_proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        h, gate = self.in_proj(x).chunk(2, dim=-1)
+        return self.out_proj(self.plain(self.norm(h, gate), gate))
+
+
+def test_offset_wrongly_applied_to_a_gated_norm_is_read_per_module(tmp_path):
+    """The gated norm's convention comes from its own graph; its checkpoint gains (near 1) say plain weight."""
+    from safetensors.torch import save_file
+
+    model = _GatedBlock()
+    sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    gen = torch.Generator().manual_seed(0)
+    sd["norm.weight"] = 1 + torch.randn(16, generator=gen) * 0.05
+    sd["plain.weight"] = 1 + torch.randn(16, generator=gen) * 0.05
+    save_file(sd, str(tmp_path / "gated.safetensors"))
+    r = audit_model(model, (torch.randn(2, 5, 16),), rules=family_rules("checkpoint"),
+                    checkpoint=str(tmp_path / "gated.safetensors"))
+    assert {s.module: (s.formula.gain, s.weights.gain_centre) for s in r.sites} == {
+        "norm": ("one_plus_weight", "one"), "plain": ("weight", "one")}
+    assert {(f.rule_id, f.module) for f in r.findings} == {("NC102", "norm")}
