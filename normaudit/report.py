@@ -185,7 +185,8 @@ class ModuleNumerics(_Model):
     """One module's call in the numerics probe's forward (``normaudit.probes.numerics``): ``module`` its
     ``named_modules()`` path (``""`` the root), ``order`` its place among the module calls in the order they
     returned (children before their parent), its floating ``inputs`` and ``output``, ``weights_absmax`` the
-    largest absolute value of its own parameters (not its children's; None without any), and ``cause``: for the
+    largest absolute value of its own parameters (not its children's; None without any; measured for the
+    producer and the calls before it only), and ``cause``: for the
     producer of the first non-finite value, why it appeared (an overflow past the dtype's maximum, 0/0 in a norm
     with eps 0, ...)."""
 

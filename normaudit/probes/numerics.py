@@ -225,7 +225,7 @@ class Recorder:
     def __init__(self, model: nn.Module, sites: list, dtype: str):
         self.dtype = dtype
         self.names = {id(m): n for n, m in model.named_modules()}
-        self.weights_absmax = {n: _own_absmax(m) for n, m in model.named_modules()}
+        self.modules = dict(model.named_modules())
         self.stack: list[_Call] = []
         self.calls: list[ModuleNumerics] = []
         self.producer: Optional[ModuleNumerics] = None
@@ -259,7 +259,7 @@ class Recorder:
                                                          TensorStats())
         out = tensor_stats(_leaves(output), self.memo)
         rec = ModuleNumerics(module=call.module, class_name=call.class_name, order=len(self.calls),
-                             inputs=call.inputs, output=out, weights_absmax=self.weights_absmax.get(call.module))
+                             inputs=call.inputs, output=out)
         self.calls.append(rec)
         if call.module in self.hand_written and args and isinstance(args[0], torch.Tensor):
             site = self.by_key.get((call.module, 0))
@@ -539,9 +539,12 @@ def _fill(report: NumericsReport, rec: Recorder, records: list, model: nn.Module
     by_module = {r.site.module: r.site for r in records if r.site.call_index == 0}
     p = rec.producer
     if p is not None:
+        report.before = rec.calls[max(0, p.order - FRAMES_BEFORE):p.order]
+        for call in [p, *report.before]:  # weights' abs-max only where reported (a full pass over the weights)
+            mod = rec.modules.get(call.module)
+            call.weights_absmax = _own_absmax(mod) if mod is not None else None
         p.cause = producer_cause(p, by_module.get(p.module), dtype)
         report.producer = p
-        report.before = rec.calls[max(0, p.order - FRAMES_BEFORE):p.order]
     report.first_nan, report.propagators, report.propagator_count = rec.first_nan, rec.propagators, rec.propagator_count
     roles = {m: "propagator" for m in rec.propagators}
     if rec.first_nan:
