@@ -709,8 +709,16 @@ COMMANDS = {"rules": _cmd_rules, "explain": _cmd_explain, "schema": _cmd_schema,
 
 
 def _internal_text(exc: BaseException) -> str:
-    """``Kind: message`` of an internal error on one line (a worker's error keeps its own kind)."""
-    from normaudit.target.pyfile import safe_str
+    """``Kind: message`` of an internal error on one line (a worker's error keeps its own kind); also where
+    torch itself cannot be imported (the error may be that)."""
+    try:
+        from normaudit.target.pyfile import safe_str
+    except ImportError:
+        def safe_str(err: BaseException, limit: int) -> str:
+            try:
+                return str(err)[:limit]
+            except Exception:  # noqa: BLE001 - a __str__ that raises
+                return f"<{type(err).__name__}>"
 
     kind = getattr(exc, "kind", None) or type(exc).__name__
     return f"{kind}: {' '.join(safe_str(exc, 500).split())}"

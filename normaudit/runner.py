@@ -272,11 +272,12 @@ def _ray_tasks(ray: Any, pending: list[int], plan_opts: list, rules: dict, timeo
     try:
         window = jobs or max(1, int(ray.cluster_resources().get("CPU", 1)))
         task = ray.remote(max_calls=1, max_retries=0, num_cpus=1)(ray_task)
+        rules_ref = ray.put(rules)  # once in the object store, not pickled again with every task
         queue = list(pending)
         while queue or in_flight:
             while queue and len(in_flight) < window:
                 i = queue.pop(0)
-                in_flight[task.remote(plan_opts[i], rules, os.getcwd())] = (i, time.monotonic())
+                in_flight[task.remote(plan_opts[i], rules_ref, os.getcwd())] = (i, time.monotonic())
             first_deadline = min(t0 for _, t0 in in_flight.values()) + timeout
             ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=max(0.0, first_deadline - time.monotonic()))
             for ref in ready:
