@@ -51,7 +51,8 @@ MODEL = textwrap.dedent(f'''
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     """A project: model.py importing helper.py, test rules, a config and a checkpoint; the cache on, in
-    tmp_path/cache, with normaudit's own source digest fixed (other edits of the checkout must not count)."""
+    tmp_path/cache, with normaudit's own source digest fixed and the test rules alone (other edits of the
+    checkout must not count)."""
     (tmp_path / "model.py").write_text(MODEL)
     (tmp_path / "helper.py").write_text("HIDDEN = 8\n")
     shutil.copytree(FIXTURES / "rules", tmp_path / "rules")
@@ -63,6 +64,11 @@ def project(tmp_path, monkeypatch):
     monkeypatch.delenv("NORMAUDIT_NO_CACHE", raising=False)
     monkeypatch.setenv("NORMAUDIT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(cache_mod, "source_digest", lambda: "fixed")
+    # Only the test rules: an edit of a shipped rule by someone working on the checkout is no miss here.
+    from normaudit.engine import loader
+
+    (tmp_path / "no_shipped_rules").mkdir()
+    monkeypatch.setattr(loader, "builtin_rules_dir", lambda: tmp_path / "no_shipped_rules")
     return tmp_path
 
 
