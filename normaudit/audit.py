@@ -318,3 +318,6 @@ def run_audit(opts: AuditOptions, rules: Optional[dict[str, Rule]] = None) -> Re
     rules = rules if rules is not None else load_rules(opts.rules_dirs)
     mua = load_model(opts.target)
     return build_report(opts, mua, rules)
+    if any(p.startswith("numerics") for p in opts.probes):
+        notes.append("--probe numerics needs model code to run: a checkpoint alone was only inspected (give the model "
+                     "file with --checkpoint)")

@@ -251,3 +251,13 @@ def test_autocast_run_keeps_float32_weights_and_finds_the_same_producer(rules):
     assert (n.autocast, n.producer.module, n.first_nan) == (True, "blocks.1.proj", "blocks.1.norm")
     assert sorted((f.rule_id, f.module) for f in r.findings if f.category == "numerics") == [
         ("NN102", "blocks.1.proj"), ("NN103", "blocks.1.norm")]
+
+
+def test_checkpoint_alone_says_the_probe_needs_model_code(rules, tmp_path):
+    spec = load_fixture_module(FIXTURES / "NN105_1.py")
+    ckpt = tmp_path / "alone.safetensors"
+    spec.make_checkpoint(spec.build_model(), ckpt)
+    report = audit_file(ckpt, rules, dtype="float16", probes=["numerics"])
+    assert report.numerics is None
+    assert "--probe numerics needs model code to run: a checkpoint alone was only inspected (give the model file " \
+           "with --checkpoint)" in report.notes
