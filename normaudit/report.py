@@ -22,7 +22,7 @@ SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use: start-up (issue 14)
 
 
 class SourceLocation(_Model):
