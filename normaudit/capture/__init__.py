@@ -211,7 +211,10 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
 
     ``dtype`` is the precision the model will run in: floating parameters and inputs are cast to it on fake
     tensors, so the graph shows which operations compute in half precision. Never raises for a model that
-    cannot be captured: the attempts record each failure. When no method captures the whole model and
+    cannot be captured: the attempts record each failure. After a data-dependent export failure, export is
+    retried with the example's real integer inputs as constants (:func:`constant_inputs`); a multimodal
+    forward that still fails is retried on its main tower's inputs alone
+    (:func:`normaudit.target.inputs.main_tower_inputs`). When no method captures the whole model and
     ``parts_fallback`` is set, its parts are captured alone (:mod:`normaudit.capture.parts`).
     """
     mode = FakeTensorMode(allow_non_fake_inputs=True)
