@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from normaudit.capture import Capture
 from normaudit.facts import axes as axes_pass
+from normaudit.facts import aliasing as aliasing_pass
 from normaudit.facts import batchnorm as batchnorm_pass
 from normaudit.facts import placement
 from normaudit.facts import formula as formula_pass
@@ -99,6 +100,7 @@ def graph_facts(ctx: FactContext, model: ModelFacts) -> list[SiteRecord]:
     """The graph passes over ``ctx.cap.gm``: sites, axes, placement, formula, BatchNorm facts (model-level
     facts onto ``model``). Leaves the axis labels in ``ctx.env`` for the probes."""
     cap, origins, input_axes = ctx.cap, ctx.origins, ctx.input_axes
+    aliasing_pass.thread_inplace(cap.gm, cap.modules)  # in-place ops read as dataflow inside their module
     records = discover_sites(cap, origins)
     env = axes_pass.label_graph(cap, input_axes)
     for rec in records:
@@ -111,6 +113,7 @@ def graph_facts(ctx: FactContext, model: ModelFacts) -> list[SiteRecord]:
         elif rec.site.reduced_dims:
             rec.site.normalized_axes = ["unknown"]
     placement.analyse(cap, records, model)
+    aliasing_pass.analyse(cap, records)
     formula_pass.analyse(ctx, records)
     batchnorm_pass.analyse(ctx, records, model, env)
     frozen_pass.analyse(ctx, records)

@@ -1,0 +1,303 @@
+"""In-place norms that overwrite the caller's tensor (issue 15, item 2).
+
+``x = x.float(); x.mul_(torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))`` inside a norm's ``forward``
+copies nothing when ``x`` already is float32: ``.float()`` returns the same tensor, so ``mul_`` overwrites the
+caller's hidden states, and the residual add after the norm (``x + f(norm(x))``) adds the *normalised* tensor
+instead of the stream. In bfloat16 the same ``.float()`` is a copy and the model is right, so the bug shows only
+in some dtypes. Public reports: nano-vllm and vLLM RMSNorm kernels/paths writing the normalised result into
+the residual's storage, and ports of Llama's RMSNorm that replaced ``x * rsqrt(...)`` by ``x.mul_(...)``.
+
+Symbolic tracing does not model aliasing: an fx graph keeps reading the node from before the in-place op.
+Two steps, both over the captured graph:
+
+1. :func:`thread_inplace` (before site discovery): after an in-place method (``mul_``/``div_``/``sub_``/
+   ``pow_``/... call_method nodes, or an ``out=`` argument), later reads of the very tensor it mutated are
+   pointed at the in-place node instead: all of them when the mutating module made that tensor itself
+   (``y = x - mean; y.div_(std); return y``: the caller reads the normalised ``y``), only the module's own
+   when the tensor came from outside. The in-place method returns that same tensor object, so the graph
+   computes exactly what it did; the norm's own dataflow (``weight * x`` after ``x.mul_``) then reaches its
+   gain and its output. The caller's later reads of its own tensor are left as they are: step 2 reports them.
+2. :func:`analyse` (after site discovery): for each site, the in-place ops its module runs on its input or
+   on an alias of it (back through no-op casts ``.float()``/``.to(dtype)``/``.type_as`` whose input already
+   has the target dtype in the audited graph, and ``.view``/``.reshape``/``.contiguous``/``.detach``/
+   ``transpose``/``permute``/``unsqueeze``/``squeeze``/indexing, and earlier in-place ops); the nodes
+   outside the norm that read that storage after the op (the residual add, another branch, the model's
+   caller when it is a model input) are the consumers. Written as ``site.extra["inplace_alias"]``
+   (a dict: ``op``, ``source`` {file, line}, ``consumers`` [{module, op, line}], ``alias_dtypes``, ``casts``,
+   ``caller_input``). ``alias_dtypes`` are the input dtypes for which every cast on the way is a no-op
+   (no cast: every floating dtype; ``.float()``: float32 only).
+
+A mutation of a parameter or buffer (a hand-written BatchNorm updating ``running_mean`` in place) is no
+alias of an activation and is ignored; so is an in-place op on a tensor the norm made itself (a copy).
+Exported graphs are functionalised (no in-place nodes remain, later reads see the new value), so there
+the fact is not computed.
+"""
+from __future__ import annotations
+
+import ast
+import operator
+from typing import Any, Optional
+
+from torch import fx
+
+from normaudit.capture.ir import dtype, op_name, owner
+
+#: in-place methods that only change flags or metadata, not values
+_NOT_VALUES = {"requires_grad_", "retain_grad", "share_memory_", "resize_", "resize_as_", "set_",
+               "record_stream", "pin_memory", "as_strided_", "rename_", "refine_names", "align_to"}
+#: ops whose result shares storage with their first argument (given the same dtype for casts)
+_VIEW_OPS = {"view", "view_as", "reshape", "reshape_as", "contiguous", "detach", "alias", "transpose",
+             "permute", "unsqueeze", "squeeze", "expand", "expand_as", "flatten", "unflatten", "narrow",
+             "select", "movedim", "getitem", "unfold", "as_strided", "diagonal", "split", "chunk", "unbind"}
+_CAST_METHODS = {"float", "half", "bfloat16", "double", "to", "type_as", "type"}
+#: metadata reads: reading ``x.shape`` after the op reads no overwritten values
+_METADATA = {"size", "dim", "numel", "stride", "getattr", "is_contiguous", "element_size", "data_ptr"}
+_FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+#: ``x *= y`` and friends: in place on a tensor (fx rebinds ``x`` to the result, the caller's alias is not)
+_PY_INPLACE = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.ipow,
+               operator.imod, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift}
+
+
+_AUG_OPS = {operator.add: ast.Add, operator.sub: ast.Sub, operator.mul: ast.Mult, operator.truediv: ast.Div,
+            operator.floordiv: ast.FloorDiv, operator.pow: ast.Pow, operator.mod: ast.Mod}
+
+
+def _code_line(node: fx.Node) -> Optional[str]:
+    """The source text of the innermost frame outside torch/normaudit in the node's recorded stack trace."""
+    from normaudit.target.pyfile import is_tool_file
+
+    lines = (node.meta.get("stack_trace") or "").splitlines()
+    text = None
+    for i, line in enumerate(lines):
+        line = line.strip()
+        if line.startswith('File "') and not is_tool_file(line[6:line.find('"', 6)]) and i + 1 < len(lines):
+            text = lines[i + 1].strip()
+    return text
+
+
+def mark_augmented(gm: fx.GraphModule) -> int:
+    """Mark the nodes of augmented assignments on tensors (``x -= mean``, ``x *= torch.rsqrt(v + eps)``) as in
+    place (``node.meta["normaudit"]["inplace"]``). A fx Proxy has no ``__isub__``, so symbolic tracing records
+    ``x = x - mean`` although eager PyTorch runs ``Tensor.__isub__`` and overwrites ``x``; the recorded source
+    line (an ``ast.AugAssign`` with the node's operator) is what tells them apart. Per line, the last node with
+    that operator is the assignment. Returns the number marked."""
+    last: dict = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _AUG_OPS and node.args and isinstance(node.args[0], fx.Node):
+            trace = node.meta.get("stack_trace")
+            if trace and dtype(node.args[0]) is not None:
+                calls = tuple(str(v) for v in (node.meta.get("nn_module_stack") or {}).values())
+                last[(trace, calls, node.target)] = node  # one statement, in one call of the module
+    marked = 0
+    for (trace, _calls, target), node in last.items():
+        try:
+            stmt = ast.parse(_code_line(node) or "").body
+        except SyntaxError:
+            continue
+        if stmt and isinstance(stmt[0], ast.AugAssign) and isinstance(stmt[0].op, _AUG_OPS[target]):
+            node.meta.setdefault("normaudit", {})["inplace"] = True
+            marked += 1
+    return marked
+
+
+def is_inplace(node: fx.Node) -> bool:
+    """Whether ``node`` overwrites the values of its first tensor argument (or of its ``out=`` tensor): a
+    ``call_method`` named ``<op>_`` (``mul_``, ``copy_``, ``masked_fill_``), an augmented assignment on a
+    tensor (``x *= s``: ``operator.imul``), or any call with ``out=``."""
+    if isinstance(node.kwargs.get("out"), fx.Node) or (node.meta.get("normaudit") or {}).get("inplace"):
+        return True
+    if node.op == "call_function" and node.target in _PY_INPLACE:
+        return bool(node.args) and isinstance(node.args[0], fx.Node) and dtype(node.args[0]) is not None
+    if node.op != "call_method":
+        return False
+    name = str(node.target)
+    return name.endswith("_") and not name.startswith("_") and name not in _NOT_VALUES
+
+
+def _mutated(node: fx.Node) -> Optional[fx.Node]:
+    out = node.kwargs.get("out")
+    if isinstance(out, fx.Node):
+        return out
+    first = node.args[0] if node.args else None
+    return first if isinstance(first, fx.Node) else None
+
+
+def _cast(node: fx.Node) -> bool:
+    return node.op == "call_method" and str(node.target) in _CAST_METHODS
+
+
+def _alias_step(node: fx.Node) -> Optional[fx.Node]:
+    """The tensor ``node`` shares storage with (its first argument), or None when it is a fresh tensor: a
+    cast to another dtype copies; a cast to the same dtype (in this graph) returns its input."""
+    if node.op not in ("call_method", "call_function") or not node.args or not isinstance(node.args[0], fx.Node):
+        return None
+    src = node.args[0]
+    if is_inplace(node) and not isinstance(node.kwargs.get("out"), fx.Node):
+        return src
+    if _cast(node):
+        if node.kwargs.get("copy") is True:
+            return None
+        a, b = dtype(src), dtype(node)
+        return src if a is not None and a == b else None
+    if node.op == "call_function" and node.target is operator.getitem:
+        return src if op_name(src) in _VIEW_OPS or dtype(src) is not None else None
+    name = str(node.target) if node.op == "call_method" else getattr(node.target, "__name__", "")
+    return src if name in _VIEW_OPS or op_name(node) in ("view", "transpose") else None
+
+
+def _within(path: str, scope: str) -> bool:
+    return scope == "" or path == scope or path.startswith(scope + ".")
+
+
+def thread_inplace(gm: fx.GraphModule, modules: dict) -> int:
+    """Point later reads of a tensor mutated in place at the in-place node, which returns that same tensor
+    object, so the graph computes what it did. Rewired: every later read of a tensor the mutating module made
+    itself (its output, read by the caller), and the mutating module's own later reads of a tensor made
+    outside it; the caller's later reads of its own tensor stay (they are the aliasing :func:`analyse`
+    reports). Returns the number of reads rewired; recompiles ``gm`` when any."""
+    mark_augmented(gm)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    changed = 0
+    for node in list(gm.graph.nodes):
+        if not is_inplace(node):
+            continue
+        target, scope = _mutated(node), owner(node, modules)
+        if target is None:
+            continue
+        own = target.op not in ("placeholder", "get_attr") and _within(owner(target, modules), scope)
+        for user in list(target.users):
+            if user is node or order.get(user, -1) <= order[node] or user.op == "output":
+                continue
+            if own or _within(owner(user, modules), scope):
+                user.replace_input_with(target, node)
+                changed += 1
+    if changed:
+        gm.recompile()
+    return changed
+
+
+def _root(node: fx.Node) -> tuple[fx.Node, list[fx.Node]]:
+    """The tensor whose storage ``node`` writes to, and the casts passed on the way back."""
+    casts: list[fx.Node] = []
+    seen = 0
+    while seen < 64:
+        src = _alias_step(node)
+        if src is None:
+            break
+        if _cast(node):
+            casts.append(node)
+        node, seen = src, seen + 1
+    return node, casts
+
+
+def _aliases(root: fx.Node) -> set:
+    """Every node sharing storage with ``root``: ``root`` and the views, no-op casts and in-place results of it."""
+    out, todo = {root}, [root]
+    while todo:
+        n = todo.pop()
+        for u in n.users:
+            if u not in out and _alias_step(u) is n:
+                out.add(u)
+                todo.append(u)
+    return out
+
+
+def _line(node: fx.Node) -> Optional[dict]:
+    from normaudit.facts.sites import _location
+
+    loc = _location(node)
+    return {"file": loc.file, "line": loc.line} if loc is not None else None
+
+
+def _alias_dtypes(casts: list[fx.Node]) -> list[str]:
+    targets = {str(dtype(c)).replace("torch.", "") for c in casts if dtype(c) is not None}
+    if not casts:
+        return list(_FLOAT_DTYPES)
+    return sorted(targets) if len(targets) == 1 else []
+
+
+def _related(node: fx.Node, rec: Any, depth: int = 8) -> bool:
+    """An in-place op of an inline norm (a functional or hand-written norm inside a larger forward) belongs
+    to it when it is one of its nodes or applies its statistic."""
+    if node in rec.nodes:
+        return True
+    todo, seen = [a for a in node.all_input_nodes if a is not _mutated(node)], 0
+    visited: set = set()
+    while todo and seen < 64:
+        n = todo.pop()
+        if n in visited:
+            continue
+        visited.add(n)
+        seen += 1
+        if n is rec.stat or n in rec.nodes:
+            return True
+        if depth > 0:
+            todo.extend(n.all_input_nodes)
+    return False
+
+
+def _consumers(root: fx.Node, after: int, scope: str, order: dict, modules: dict) -> list[fx.Node]:
+    """Readers of ``root``'s storage outside ``scope`` that run after position ``after``, through the aliases
+    made outside ``scope`` (an alias made inside the norm is its own business: its output)."""
+    outside = [a for a in _aliases(root) if not _within(owner(a, modules), scope) or a is root]
+    found = []
+    for alias in outside:
+        for user in alias.users:
+            if order.get(user, -1) <= after or _within(owner(user, modules), scope):
+                continue
+            if user.op != "output" and (op_name(user) in _METADATA or _alias_step(user) is alias):
+                continue  # a shape read, or a further alias (its readers are visited through it)
+            found.append(user)
+    return sorted(set(found), key=order.get)
+
+
+def _site_mutations(gm: fx.GraphModule, rec: Any, modules: dict) -> list[fx.Node]:
+    scope = rec.site.module
+    inline = bool(rec.site.extra.get("inline"))
+    return [n for n in gm.graph.nodes if is_inplace(n) and _within(owner(n, modules), scope)
+            and (not inline or _related(n, rec))]
+
+
+def _describe(user: fx.Node, modules: dict) -> dict:
+    name = "the model's output" if user.op == "output" else op_name(user)
+    return {"module": owner(user, modules), "op": name, "source": _line(user)}
+
+
+def site_alias(cap: Any, rec: Any, order: dict) -> Optional[dict]:
+    """The first in-place op of ``rec``'s norm that overwrites a tensor made outside the norm (its input or
+    an alias of it) while something outside reads that tensor afterwards; None when there is none.
+    Keys: ``op`` (the method, ``mul_``), ``source`` (its line), ``mutated`` (the node name), ``consumers``,
+    ``caller_input`` (the model input overwritten, or None), ``casts`` (the no-op casts on the way),
+    ``alias_dtypes`` (input dtypes for which those casts copy nothing)."""
+    modules, scope = cap.modules, rec.site.module
+    for node in _site_mutations(cap.gm, rec, modules):
+        target = _mutated(node)
+        if target is None:
+            continue
+        root, casts = _root(target)
+        if root.op == "get_attr" or (root.op != "placeholder" and _within(owner(root, modules), scope)):
+            continue  # a parameter/buffer update, or a tensor the norm made itself
+        if root.op == "placeholder" and root.name not in (cap.user_inputs or [root.name]):
+            continue  # an exported parameter or buffer
+        users = _consumers(root, order[node], scope, order, modules)
+        caller = root.name if root.op == "placeholder" else None
+        if not users and caller is None:
+            continue
+        name = (str(node.target) if node.op == "call_method" else f"{op_name(node)}(out=)"
+                if isinstance(node.kwargs.get("out"), fx.Node) else (_code_line(node) or op_name(node)))
+        return {"op": name, "source": _line(node), "mutated": root.name,
+                "consumers": [_describe(u, modules) for u in users], "caller_input": caller,
+                "casts": [str(c.target) for c in casts], "alias_dtypes": _alias_dtypes(casts)}
+    return None
+
+
+def analyse(cap: Any, records: list) -> None:
+    """Write ``site.extra["inplace_alias"]`` (:func:`site_alias`) on every site whose norm overwrites a tensor
+    read elsewhere afterwards. Symbolically traced graphs only (exported graphs are functional)."""
+    if cap.gm is None or not any(is_inplace(n) for n in cap.gm.graph.nodes):
+        return
+    order = {n: i for i, n in enumerate(cap.gm.graph.nodes)}
+    for rec in records:
+        found = site_alias(cap, rec, order)
+        if found is not None:
+            rec.site.extra["inplace_alias"] = found

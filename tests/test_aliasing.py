@@ -1,0 +1,153 @@
+"""In-place norms that overwrite the caller's tensor (normaudit.facts.aliasing, rule NP108; issue 15 item 2).
+
+The fixtures tests/fixtures/placement/NP108_*.py are run by tests/test_placement.py; here: that the bug is real
+(eager float32 differs from the out-of-place norm, bfloat16 does not), the exact fact, the dtype dependence,
+that threading in-place reads leaves the graph's result unchanged, and the other in-place spellings.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from torch import fx, nn
+
+from conftest import audit_file, audit_model, family_rules, load_fixture_module, site
+from normaudit.facts.aliasing import thread_inplace
+
+FIXTURES = Path(__file__).parent / "fixtures" / "placement"
+
+
+@pytest.fixture(scope="module")
+def placement_rules():
+    return family_rules("placement")
+
+
+def _np108(report):
+    return {f.module: f for f in report.findings if f.rule_id == "NP108"}
+
+
+class OutOfPlaceRMSNorm(nn.Module):
+    """nano-vllm's RMSNorm with ``x = x * rsqrt(...)`` instead of ``x.mul_(...)`` (the fix of its issue #170)."""
+
+    def forward(self, x):
+        orig_dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return x.to(orig_dtype) * self.weight
+
+
+def _outputs(dtype):
+    fixture = load_fixture_module(FIXTURES / "NP108_1.py")
+    torch.manual_seed(0)
+    model = fixture.build_model().to(dtype).eval()
+    fixed = copy.deepcopy(model)
+    for mod in fixed.modules():
+        if type(mod).__name__ == "RMSNorm":
+            mod.__class__ = type("Fixed", (OutOfPlaceRMSNorm, type(mod)), {})
+    idx = fixture.example_inputs()[0]
+    with torch.no_grad():
+        return model(idx), fixed(idx)
+
+
+def test_the_aliasing_is_real_in_float32_only():
+    got, want = _outputs(torch.float32)
+    assert (got - want).abs().max().item() > 1e-2  # the residual carried the normalised tensor
+    got, want = _outputs(torch.bfloat16)
+    assert torch.equal(got, want)  # .float() copies a bfloat16 input: the in-place ops touch only the copy
+
+
+def test_fact_names_op_line_readers_and_dtypes(placement_rules):
+    report = audit_file(FIXTURES / "NP108_1.py", placement_rules)
+    fact = site(report, "layers.0.post_attention_layernorm").extra["inplace_alias"]
+    path = str(FIXTURES / "NP108_1.py")
+    assert fact == {"op": "mul_", "source": {"file": path, "line": 19}, "mutated": "add_1",
+                    "consumers": [{"module": "layers.0", "op": "add", "source": {"file": path, "line": 40}}],
+                    "caller_input": None, "casts": ["float"], "alias_dtypes": ["float32"]}
+    assert "inplace_alias" not in site(report, "norm").extra  # the last reader: nothing reads it afterwards
+    assert _np108(report)["layers.0.input_layernorm"].source.line == 18  # the statistic's line
+
+
+def test_bfloat16_model_has_no_alias(placement_rules):
+    report = audit_file(FIXTURES / "NP108_1.py", placement_rules, dtype="bfloat16")
+    assert not _np108(report)
+    assert all("inplace_alias" not in s.extra for s in report.sites)
+    assert report.model.placement == "pre" and site(report, "layers.1.input_layernorm").placement == "pre"
+
+
+class _Norm(nn.Module):
+    def __init__(self, how: str, d: int = 8):
+        super().__init__()
+        self.how, self.weight = how, nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        if self.how == "view":
+            x.view(-1, x.shape[-1]).mul_(r.view(-1, 1))
+            return x * self.weight
+        if self.how == "out":
+            return torch.mul(x, r, out=x) * self.weight
+        if self.how == "imul":
+            x *= r
+            return x * self.weight
+        if self.how == "clone":
+            y = x.clone()
+            y.mul_(r)
+            return y * self.weight
+        return (x * r) * self.weight
+
+
+class _Residual(nn.Module):
+    def __init__(self, how: str, d: int = 8):
+        super().__init__()
+        self.norm, self.fc = _Norm(how, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        h = x * 2.0
+        return h + self.fc(self.norm(h))
+
+
+@pytest.mark.parametrize("how,op", [("view", "mul_"), ("out", "mul(out=)"), ("imul", "x *= r")])
+def test_other_inplace_spellings_are_found(how, op, placement_rules):
+    report = audit_model(_Residual(how), (torch.randn(2, 3, 8),), placement_rules)
+    fact = site(report, "norm").extra["inplace_alias"]
+    assert fact["op"] == op and fact["casts"] == [] and fact["alias_dtypes"] == ["float32", "float16", "bfloat16"]
+    assert [c["module"] for c in fact["consumers"]] == [""] and fact["consumers"][0]["op"] == "add"
+    assert "aliases in every dtype" in _np108(report)["norm"].message
+    # through a view the norm's own later read is of the base, another tensor object than mul_'s result, so it
+    # is not threaded and the norm's output stays unconnected (placement none); the other spellings read pre
+    assert site(report, "norm").placement == ("none" if how == "view" else "pre")
+
+
+@pytest.mark.parametrize("how", ["clone", "plain"])
+def test_inplace_on_a_copy_or_out_of_place_is_silent(how, placement_rules):
+    report = audit_model(_Residual(how), (torch.randn(2, 3, 8),), placement_rules)
+    assert not _np108(report) and site(report, "norm").placement == "pre"
+
+
+def test_model_input_overwritten_for_the_caller(placement_rules):
+    class First(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.fc = _Norm("view"), nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.fc(self.norm(x))
+
+    report = audit_model(First(), (torch.randn(2, 3, 8),), placement_rules)
+    fact = site(report, "norm").extra["inplace_alias"]
+    assert fact["caller_input"] == "x" and fact["consumers"] == []
+    assert "the model input `x` is overwritten for the caller too" in _np108(report)["norm"].message
+
+
+def test_threading_keeps_the_graph_result():
+    fixture = load_fixture_module(FIXTURES / "NP108_1.py")
+    torch.manual_seed(0)
+    model = fixture.build_model().eval()
+    gm = fx.symbolic_trace(model)
+    idx = fixture.example_inputs()[0]
+    with torch.no_grad():
+        before = gm(idx)
+        assert thread_inplace(gm, dict(model.named_modules())) == 5  # 5 norms: x.to(orig_dtype) after x.mul_ in each
+        assert torch.equal(gm(idx), before) and torch.equal(model(idx), before)
