@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any, Optional
 
@@ -113,24 +114,14 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
     probe_model = copy.deepcopy(mua.model) if mua.on_meta else mua.model
     by_path = {name: mua.origins[id(m)] for name, m in mua.model.named_modules() if id(m) in mua.origins}
     phase("capture")
-    cap = capture_model(mua.model, inputs, mua.on_meta, dtype)
-    if not cap.complete and mua.inputs is not None and not mua.inputs_assumed:
-        check_inputs_fit(cap, inputs, dtype, mua.file or opts.target)
-    # Capture works on its own copy of a real model: carry the construction lines over by module path.
-    origins = dict(mua.origins)
-    origins.update({id(cap.modules[n]): loc for n, loc in by_path.items() if n in cap.modules})
-    from normaudit.capture.parts import covers_all
-
-    method = "parts" if covers_all(cap) else cap.method
-    options = {"dtype": opts.dtype, "batch_size": batch, "checkpoint": ckpt is not None,
-               "capture_method": method, "train_error": cap.train_error,
-               "capture_error": next((a.error for a in cap.attempts if not a.ok), None), "probes": list(opts.probes),
+    options = {"dtype": opts.dtype, "batch_size": batch, "checkpoint": ckpt is not None, "capture_method": None,
+               "train_error": None, "capture_error": None, "probes": list(opts.probes),
                "config_origin": config_origin, "library_model": _library_config(mua.model)}
-    ctx = FactContext(cap=cap, origins=origins, input_axes=declared, options=options,
-                      probe_model=probe_model, inputs=inputs, config=config, config_source=config_source,
-                      config_sources=config_sources, checkpoint=ckpt)
-    phase("facts")
-    facts: Facts = collect_facts(ctx)
+    shared = dict(input_axes=declared, options=options, probe_model=probe_model, inputs=inputs, config=config,
+                  config_source=config_source, config_sources=config_sources, checkpoint=ckpt)
+    fast = getattr(opts, "repeats", True) and not opts.probes and ckpt is None
+    cap, ctx, facts = _capture_facts(opts, mua, inputs, dtype, by_path, shared, fast)
+    method = options["capture_method"]
     section = None
     if numerics:
         phase("numerics")
@@ -145,7 +136,7 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
     findings = evaluate(active, sites, facts.model, config, config_source, options)
     kept = filter_findings(findings, sites=sites, model=facts.model, rules=rules, active=active,
                            per_module_ignores=opts.per_module_ignores, config=config, config_source=config_source,
-                           options=options, target_file=mua.file)
+                           options=options, target_file=mua.file, factory=mua.factory)
     findings = kept.findings
     for f in findings:  # a numerics finding may name any module (the producer): its construction line
         if f.source is None and f.category == "numerics" and f.module in by_path:
@@ -157,7 +148,7 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
                        inputs=_describe_inputs(inputs), inputs_assumed=assumed, fake_tensors=True)
     from normaudit.capture.parts import coverage, coverage_note
 
-    info.parts, info.unaudited = coverage(cap, sites)
+    info.parts, info.unaudited = coverage(ctx.cap, sites)
     notes = list(facts.notes) + list(mua.notes) + kept.notes() + coverage_note(info.parts, info.unaudited, cap.complete)
     if not cap.complete and not info.parts:
         notes.append("capture failed: sites come from walking named_modules(); placement, axes and formula facts "
@@ -180,6 +171,48 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
                          "initial weights, not trained ones (give --checkpoint)")
     return Report(version=__version__, target=target, capture=info, model=facts.model, sites=sites,
                   findings=findings, summary=summary, notes=notes, numerics=section)
+
+
+def _capture_facts(opts: AuditOptions, mua: ModelUnderAudit, inputs: Any, dtype: torch.dtype, by_path: dict,
+                   shared: dict, fast: bool) -> tuple[Any, FactContext, Facts]:
+    """Capture ``mua.model`` and collect its facts: the one place the capture is chosen. With ``fast``, a
+    model with stacks of identical blocks is captured with each stack reduced to four blocks and the facts
+    carried over to the others (:mod:`normaudit.capture.repeats`); whenever that cannot be proven exact, the
+    full model is captured. Returns ``(capture, context, facts)``; ``context.cap`` sees the full model's
+    modules. Sets ``capture_method``, ``train_error`` and ``capture_error`` in ``shared["options"]``."""
+    from normaudit.capture import repeats
+    from normaudit.capture.parts import covers_all
+
+    plan = repeats.plan_repeats(mua.model, mua.origins) if fast else None
+    # a meta model is materialised in place: the reduced one gets its own (free) copy of the kept modules
+    target = (copy.deepcopy(plan.reduced) if mua.on_meta else plan.reduced) if plan else mua.model
+    cap = capture_model(target, inputs, mua.on_meta, dtype)
+    if plan is not None and (any(repeats.ELIDED_MESSAGE in (a.error or "") for a in cap.attempts)
+                             or not repeats.check_reduced(plan, cap, inputs, dtype)):
+        plan = None
+        cap = capture_model(mua.model, inputs, mua.on_meta, dtype)
+    if not cap.complete and mua.inputs is not None and not mua.inputs_assumed:
+        check_inputs_fit(cap, inputs, dtype, mua.file or opts.target)
+    # Capture works on its own copy of a real model: carry the construction lines over by module path.
+    origins = dict(mua.origins)
+    origins.update({id(cap.modules[n]): loc for n, loc in by_path.items() if n in cap.modules})
+    options = shared["options"]
+    options.update({"capture_method": "parts" if covers_all(cap) else cap.method, "train_error": cap.train_error,
+                    "capture_error": next((a.error for a in cap.attempts if not a.ok), None)})
+    ctx = FactContext(cap=cap, origins=origins, **shared)
+    phase("facts")
+    if plan is None:
+        return cap, ctx, collect_facts(ctx)
+    facts = repeats.collect_facts_repeated(ctx, plan)
+    if facts is None:
+        phase("capture")
+        return _capture_facts(opts, mua, inputs, dtype, by_path, shared, False)
+    for attempt in cap.attempts:
+        if attempt.ok:
+            attempt.method += " (depth-independent: " + "; ".join(
+                f"{s.child(s.elided[0])}..{s.elided[-1]} carried over from {s.child(s.rep)}" for s in plan.stacks) + ")"
+    ctx.cap = dataclasses.replace(cap, modules=repeats.full_view(plan, cap))
+    return cap, ctx, facts
 
 
 #: Errors of fake tensors themselves (data-dependent values, ops without a fake kernel): the model may be fine
@@ -286,6 +319,9 @@ def checkpoint_only_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict
     notes = [f"checkpoint only ({fmt}, {tensors} tensors, {weights_path}): no model code, so norms were found by "
              "key name and shape, kinds are guesses, eps, axes and placement are unknown and only the checkpoint "
              "rules ran; audit the model with --checkpoint for the rest"] + list(mua.notes) + kept.notes()
+    if any(p.startswith("numerics") for p in opts.probes):
+        notes.append("--probe numerics needs model code to run: a checkpoint alone was only inspected (give the model "
+                     "file with --checkpoint)")
     by_kind: dict[str, int] = {}
     for s in sites:
         by_kind[s.kind] = by_kind.get(s.kind, 0) + 1
@@ -318,6 +354,3 @@ def run_audit(opts: AuditOptions, rules: Optional[dict[str, Rule]] = None) -> Re
     rules = rules if rules is not None else load_rules(opts.rules_dirs)
     mua = load_model(opts.target)
     return build_report(opts, mua, rules)
-    if any(p.startswith("numerics") for p in opts.probes):
-        notes.append("--probe numerics needs model code to run: a checkpoint alone was only inspected (give the model "
-                     "file with --checkpoint)")

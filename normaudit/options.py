@@ -37,6 +37,9 @@ class AuditOptions:
     #: ``--max-params``: the most parameters ``--probe numerics`` builds for real (default
     #: ``normaudit.probes.numerics.DEFAULT_MAX_PARAMS``); above it the audit is refused (exit 2)
     max_params: Optional[int] = None
+    #: depth-independent capture (``normaudit.capture.repeats``): stacks of identical blocks captured as four
+    #: blocks, their facts carried over; False captures every block (the report is the same)
+    repeats: bool = True
 
 
 def exit_status(report: Any, fail_on: str) -> int:
