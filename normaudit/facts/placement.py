@@ -791,10 +791,14 @@ def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
         direct = [a for a in ahead if g.strip(a.skip) in mine]
         if direct:
             # its output is the skip of the next residual add: a norm on the stream
-            info.placement = "post" if (info.block is not None or after_add) else "embedding"
+            # a norm that ends a non-residual block (conv -> BN of a downsampler, a patch embedding) or whose
+            # stream a projection re-embeds (a downsampler's local residual) starts a stream: ``embedding``
+            reads = _reads_stream(g, info.inp, residual)
+            local = reads and _reembedded(g, direct[0], ahead, add_mask)
+            starts = not reads or local or (info.block is None and not after_add)
+            info.placement = "embedding" if starts else "post"
             closes = info.inp in residual and residual[info.inp].block == info.block
-            if direct[0].block == info.block and not closes and _reads_stream(g, info.inp, residual) \
-                    and not _reembedded(g, direct[0], ahead, add_mask):
+            if direct[0].block == info.block and not closes and reads and not local:
                 skip_from_norm.append((info, direct[0]))
         elif ahead:
             info.placement = "embedding"  # feeds a projection that (re-)embeds the stream (patch merging)
