@@ -18,7 +18,10 @@ placeholders, ``nn_module_stack`` on every node) give the same answer.
    parameters) that is not part of a norm. The branch may read an earlier value of the stream than the one
    it is added to (``x + attn(ln1(x)) + mlp(ln2(x))``): the skip's chain of residual adds is searched.
    A skip that is itself ``[norm](W(x))`` with a single weighted op ``W`` (a projection shortcut,
-   ResNet downsampling) also counts; the shortcut is then a second branch. A branch without weights counts
+   ResNet downsampling), seen through poolings before or after ``W`` (ResNet-D, Hiera/SAM2's pooled
+   ``proj(norm1(x))``, also as ``view`` + ``amax``), also counts; the shortcut is then a second branch. A
+   pooled identity ``pool(x)`` is the skip ``x``. A sum of parallel one-layer branches of one input
+   (``[norm](W_i(x))``, ``[norm](x)``: RepVGG/MobileOne) is no residual add. A branch without weights counts
    when a parameter-free mixing op (a Fourier transform, a pooling) computes it from the skip (FNet's
    ``LayerNorm(x + fft(x).real)``). An add whose branch reads the skip only across residual adds already
    found is a long skip, not the stream (a position bias or value embedding shared by every layer, an
@@ -29,14 +32,16 @@ placeholders, ``nn_module_stack`` on every node) give the same answer.
 2. **Site placement** (``Site.placement``), in this order:
    ``none`` for every norm of a model without residual adds;
    ``qk``: the norm's output reaches attention scores (``scaled_dot_product_attention`` or an
-   activation-activation ``matmul``) as tensor data without any weighted op in between (its ``.shape``
+   activation-activation ``matmul`` that feeds a softmax; contrastive logits do not) as tensor data without
+   any weighted op in between (its ``.shape``
    sizing the q/k views of a projection does not count: that is the block input, ``pre``);
    ``sandwich``: the norm lies inside a residual branch and its output *is* the branch (up to casts,
    dropout, views, drop-path, layer-scale); ``pre``: inside a residual branch otherwise
    (``branch_position`` ``input`` when it reads the stream value the branch reads, ``inner`` when deeper,
    e.g. ConvNeXt, ResNet);
    a norm on the stream whose output is the skip of the next residual add: ``post`` inside a repeated
-   block or after a residual add, ``embedding`` before the first residual add outside any block;
+   block or after a residual add, ``embedding`` before the first residual add outside any block, or when
+   it starts a stream (it ends a non-residual block, or a projection re-embeds the stream it starts);
    ``embedding`` when its output reaches later residual adds only through a projection (patch
    embedding, Swin patch merging);
    after the last residual add: ``post`` when it reads that add directly and no norm sits in that add's
@@ -44,7 +49,8 @@ placeholders, ``nn_module_stack`` on every node) give the same answer.
 3. **Model facts**: ``placement`` from the roles of the block norms (``pre``; ``post``; ``sandwich`` when
    branch-output norms appear without post norms; ``mixed`` for pre with post, or when blocks of one class
    disagree; ``none`` without residual adds; ``unknown``), ``parallel_residual``, ``has_final_norm``
-   (every stack's last residual add reaches a norm and one of them is ``final``), ``num_residual_adds`` and
+   (every stack's last residual add reaches a norm, through at most one linear projection, and one of
+   them is ``final``), ``num_residual_adds`` and
    ``blocks``: the innermost numbered child of a ModuleList/Sequential of same-class modules that owns a
    residual add and a weighted op of its branch (``layers.0``, ``encoder.block.1``), with each norm's role.
 
@@ -53,7 +59,9 @@ Per-site facts in ``Site.extra`` (present only when they apply): ``branch_positi
 output is the skip of a residual add of its own block although the norm does not close a sublayer of that
 block: ``x = norm(x); x = x + f(x)``, unless that add is itself closed by a ``post`` norm,
 ``x = ln(x + f(x))``, as in any post-LN stack, blocks as submodules or not; a norm ending a non-residual
-block, conv -> BN of a stride-2 block or a patch embedding, starts a new stream instead); ``feeds_norm`` / ``reads_norm`` (the module of a
+block, conv -> BN of a stride-2 block or a patch embedding, starts a new stream instead, as does one whose
+stream ends in a projection that re-embeds it, gcvit's downsampler); ``contracted_by_scores`` (a q/k norm
+reducing the dims its scores contract: head_dim, or the tokens of cross-covariance attention); ``feeds_norm`` / ``reads_norm`` (the module of a
 norm that is the only consumer of / the only input to this one, with nothing but casts and views
 between); ``majority_placement`` and ``majority_blocks`` (the role of the same norm in a strict majority of the
 blocks of the same class, when this one differs; ``post``, ``final`` and ``embedding`` are one role, the
