@@ -15,9 +15,14 @@ findings placed:
 - an existing ``# normaudit: ignore[A]`` comment there is extended (``ignore[A, B]``), not repeated; another
   comment is kept and the directive follows it (``# note  # normaudit: ignore[NE101]``).
 
+A finding about the model as a whole (no line of its own, not a checkpoint finding: NP101, NP107, ...) goes
+on the model's ``class <Model>`` line in the target file, else its factory's ``def`` line, where SARIF and
+concise output show it (:func:`normaudit.suppress.model_line`).
+
 Nothing else in a file changes: its encoding (and BOM), line endings and every other byte are kept. Findings
-with no line in the user's files (checkpoint findings, model-level findings on the root, findings inside an
-installed library) and ``NK901`` (an unused suppression, fixed by removing codes) are counted and left.
+with no line in the user's files (checkpoint findings, model-level findings of a model whose class and
+factory lines are not in the user's files, findings inside an installed library) and ``NK901`` (an unused
+suppression, fixed by removing codes) are counted and left.
 Every file is checked writable before any is written.
 """
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Iterable, Optional, Sequence
 
 from normaudit.errors import UsageError
 from normaudit.report import Finding, Report, SourceLocation
-from normaudit.suppress import UNUSED_RULE, SuppressionIndex, _statements, parse_comment
+from normaudit.suppress import UNUSED_RULE, SuppressionIndex, _statements, model_level, model_line, parse_comment
 
 _DIRECTIVE = re.compile(r"(normaudit\s*:\s*ignore)\s*\[([^\]]*)\]", re.IGNORECASE)
 _LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")
@@ -150,7 +155,8 @@ def edit_source(text: str, wanted: dict[int, set[str]]) -> tuple[str, int, list[
 def _finding_line(finding: Finding, report: Report, target: Optional[Path],
                   index: SuppressionIndex) -> Optional[SourceLocation]:
     """The first line a suppression of ``finding`` may sit on (:func:`normaudit.suppress._locations`) that
-    is in the user's own Python files; None when there is none."""
+    is in the user's own Python files (for a model-level finding at last the model's class or factory line);
+    None when there is none."""
     from normaudit.target.pyfile import is_user_file
 
     locs = [finding.source] if finding.source is not None else []
@@ -162,6 +168,13 @@ def _finding_line(finding: Finding, report: Report, target: Optional[Path],
             continue
         if Path(loc.file).is_file() and is_user_file(loc.file, target):
             return index.construction(loc, finding.module)
+    if model_level(finding):  # shown at the model's class (or factory) line, and suppressed there
+        from normaudit.render.locations import absolute, target_file
+
+        file = target_file(report)
+        loc = model_line(str(absolute(file)), report.model.class_name, report.target.factory) if file else None
+        if loc is not None and Path(loc.file).is_file() and is_user_file(loc.file, target):
+            return loc
     return None
 
 

@@ -8,7 +8,11 @@ Inline: a comment on the statement that constructs or calls the norm::
 
 A finding is suppressed when such a comment sits on the finding's ``source`` line, or on the ``source``
 or ``definition`` line of a site of the same module (the line that calls the norm and the line that
-constructs it). For a call spread over several lines, the comment may also follow its closing
+constructs it). A finding about the model as a whole (no line of its own: NP101 "no final norm", NP107 an
+unused norm, ...) is shown at the model's ``class <Model>`` line in the target file, else at its factory's
+``def`` line (:mod:`normaudit.render.locations`), and a comment there suppresses it::
+
+    class GPT(nn.Module):                  # normaudit: ignore[NP101] For a call spread over several lines, the comment may also follow its closing
 parenthesis::
 
     self.norm = nn.LayerNorm(
@@ -294,14 +298,36 @@ def _code_matches(code: str, finding: Finding) -> bool:
     return code.upper() == finding.rule_id or code == finding.rule_name
 
 
-def _locations(finding: Finding, sites_by_module: dict[str, list[Site]], index: SuppressionIndex) -> list[SourceLocation]:
+def model_line(target_file: Optional[str], class_name: Optional[str],
+               factory: Optional[str]) -> Optional[SourceLocation]:
+    """The line findings about the model as a whole are shown at and suppressed on: ``class <class_name>`` in
+    the target file, else ``def <factory>`` there (:func:`normaudit.render.locations.definition_line`, the
+    place SARIF/concise output gives them); None when the target is no file or neither line is found."""
+    if not target_file:
+        return None
+    from normaudit.render.locations import definition_line
+
+    line = definition_line(target_file, class_name, factory)
+    return SourceLocation(file=str(target_file), line=line) if line else None
+
+
+def model_level(finding: Finding) -> bool:
+    """A finding shown at the model's line: no source of its own, and not a checkpoint finding (those are
+    shown at the checkpoint file)."""
+    return finding.source is None and finding.category != "checkpoint"
+
+
+def _locations(finding: Finding, sites_by_module: dict[str, list[Site]], index: SuppressionIndex,
+               model_loc: Optional[SourceLocation] = None) -> list[SourceLocation]:
     """The lines a comment suppressing ``finding`` may sit on: its source and its module's sites' source,
-    definition, call and computation lines, each moved to the child's own line within a container statement."""
+    definition, call and computation lines, each moved to the child's own line within a container statement;
+    for a model-level finding (:func:`model_level`) also ``model_loc``, the model's class (or factory) line."""
     locs = [finding.source] if finding.source is not None else []
     for site in sites_by_module.get(finding.module, []):
         locs += [loc for loc in (site.source, site.definition, site.call, getattr(site, "computation", None))
                  if loc is not None]
-    return [index.construction(loc, finding.module) for loc in locs]
+    out = [index.construction(loc, finding.module) for loc in locs]
+    return out + [model_loc] if model_loc is not None and model_level(finding) else out
 
 
 @dataclass
@@ -366,9 +392,13 @@ def _unused_facts(index: SuppressionIndex, rules: dict[str, Rule], active_ids: s
 def filter_findings(findings: list[Finding], *, sites: list[Site], model: ModelFacts, rules: dict[str, Rule],
                     active: Iterable[Rule], per_module_ignores: Optional[dict[str, list[str]]] = None,
                     config: Optional[dict[str, Any]] = None, config_source: Optional[str] = None,
-                    options: Optional[dict[str, Any]] = None, target_file: Optional[str] = None) -> FilterResult:
+                    options: Optional[dict[str, Any]] = None, target_file: Optional[str] = None,
+                    factory: Optional[str] = None) -> FilterResult:
     """Drop findings suppressed by comments or per-module ignores; add ``NK901`` findings for unused
-    suppression comments (when that rule is active). Returns the kept findings and the counts."""
+    suppression comments (when that rule is active). Returns the kept findings and the counts.
+
+    ``target_file``/``factory``: the audited model file and its factory, whose ``class <Model>`` (else ``def
+    <factory>``) line suppresses model-level findings (:func:`model_line`)."""
     from normaudit.engine.evaluator import evaluate
 
     active = list(active)
@@ -384,9 +414,10 @@ def filter_findings(findings: list[Finding], *, sites: list[Site], model: ModelF
                 site_lines.setdefault((index.key(loc.file), loc.line), site.module)
     result = FilterResult(findings=[])
     kept: list[Finding] = []
+    model_loc = model_line(target_file, model.class_name, factory)
     for f in findings:
         hit = False
-        for loc in _locations(f, sites_by_module, index):
+        for loc in _locations(f, sites_by_module, index, model_loc):
             for s in index.at(loc):
                 if s.codes is None:
                     s.used_bare = hit = True

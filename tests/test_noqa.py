@@ -111,7 +111,8 @@ def test_findings_outside_user_files_are_left(project):
     # in an installed package, about a module with no site: nowhere to write
     lib = [by_module[m].model_copy(update={"source": SourceLocation(file=str(p), line=3), "module": "lib.norm"})
            for m, p in (("b", torch_file), ("c", yaml_file))]
-    lost = by_module["d"].model_copy(update={"source": None, "module": "not.a.site"})
+    # a checkpoint finding with no line (shown at the checkpoint file): nowhere to write
+    lost = by_module["d"].model_copy(update={"source": None, "module": "not.a.site", "category": "checkpoint"})
     # in an installed package, but its module's site was constructed in the model file: that line
     via_site = by_module["e.1"].model_copy(update={"source": SourceLocation(file=str(torch_file), line=3)})
     report = report.model_copy(update={"findings": [*lib, lost, via_site]})
@@ -124,6 +125,76 @@ def test_findings_outside_user_files_are_left(project):
     changed = [(i, new) for i, (old, new) in enumerate(zip(before.split(b"\r\n"), project.read_bytes().split(b"\r\n")), 1)
                if old != new]
     assert changed == [(20, EXPECTED[20].encode())]
+
+
+def test_model_level_findings_go_on_the_class_line(project):
+    """A finding about the model as a whole (no line of its own) is shown at ``class Net`` (line 9), so its
+    comment goes there; a model whose class and factory are not in the target file has no such line."""
+    report = audit_file(project, select=["NE"])
+    whole = report.findings[0].model_copy(update={"source": None, "module": "", "rule_id": "NP101",
+                                                  "category": "placement"})
+    before = project.read_bytes()
+    result = add_noqa([(report.model_copy(update={"findings": [whole]}), project)])
+    assert result.findings == 1 and result.added == 1 and result.left == []
+    changed = [(i, new) for i, (old, new) in enumerate(zip(before.split(b"\r\n"), project.read_bytes().split(b"\r\n")), 1)
+               if old != new]
+    assert changed == [(9, b"class Net(nn.Module):  # normaudit: ignore[NP101]")]
+    elsewhere = report.model_copy(update={"findings": [whole], "model": report.model.model_copy(
+        update={"class_name": "Other"}), "target": report.target.model_copy(update={"factory": "other"})})
+    result = add_noqa([(elsewhere, project)])
+    assert result.left == [whole] and result.added == 0
+
+
+def test_add_noqa_round_trip_of_a_model_level_finding(capsys, tmp_path):
+    path = tmp_path / "gpt.py"
+    path.write_text(MODEL_NO_FINAL)
+    args = [str(path), "--isolated", "--select", "NP101", "--fail-on", "info"]
+    assert main([*args, "--format", "json"]) == 1
+    assert [(f["rule_id"], f["module"], f["source"]) for f in json.loads(capsys.readouterr().out)["findings"]] == [
+        ("NP101", "blocks.1", None)]
+    assert main([*args, "--add-noqa"]) == 0
+    assert "added 1 suppression comment(s) for 1 finding(s) in 1 file(s)" in capsys.readouterr().err
+    assert path.read_text() == MODEL_NO_FINAL.replace("class GPT(nn.Module):",
+                                                      "class GPT(nn.Module):  # normaudit: ignore[NP101]")
+    assert main([*args, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["findings"] == []
+
+
+MODEL_NO_FINAL = '''import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + self.fc(self.ln(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        self.emb = nn.Embedding(32, d)
+        self.blocks = nn.ModuleList([Block(d) for _ in range(2)])
+        self.head = nn.Linear(d, 32)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def build_model():
+    return GPT()
+
+
+def example_inputs():
+    return (torch.randint(0, 32, (2, 8)),)
+'''
 
 
 def test_add_noqa_refuses_targets_not_on_disk(capsys, tmp_path):

@@ -142,6 +142,52 @@ def test_unused_and_unknown_suppressions_are_info_findings(capsys, model):
     assert not [f for f in doc["findings"] if f["rule_id"] == "NK901"]
 
 
+def _no_final_norm(model: Path) -> None:
+    """``final`` registered but never applied: NP101 (no final norm) and NP107 (unused norm), both about the
+    model as a whole (no line of their own), shown at ``class Tiny`` (line 19)."""
+    edit(model, "        return self.final(h)", "        return h")
+
+
+def _model_findings(capsys, target, *extra) -> dict:
+    rc, out, err = run(capsys, target, "--format", "json", "--isolated", "--select", "NP101,NP107,NE,NK", *extra)
+    assert rc in (0, 1), err
+    return json.loads(out)
+
+
+def test_model_level_findings_are_suppressed_on_the_class_line(capsys, model):
+    _no_final_norm(model)
+    doc = _model_findings(capsys, model)
+    assert found(doc) == [("NP101", "layers.1"), ("NP107", "final")]
+    assert all(f["source"] is None for f in doc["findings"])
+    edit(model, "class Tiny(nn.Module):", "class Tiny(nn.Module):  # normaudit: ignore[NP101]")
+    doc = _model_findings(capsys, model)
+    assert found(doc) == [("NP107", "final")]
+    assert "suppressed 1 finding(s): 1 by '# normaudit: ignore' comments" in doc["notes"]
+    edit(model, "ignore[NP101]", "ignore[NP101, NE101, NP107]")
+    doc = _model_findings(capsys, model)
+    # NE101 is about sites (it has a line of its own): on the class line it matches nothing, NK901 says so
+    assert found(doc) == [("NK901", "")]
+    (unused,) = doc["findings"]
+    assert unused["source"]["line"] == 19
+    assert unused["message"] == ("unused suppression '# normaudit: ignore[NP101, NE101, NP107]': "
+                                 "NE101 matched no finding")
+
+
+def test_model_level_suppression_on_the_factory_line(capsys, model):
+    """The model class defined in another file: the factory's ``def`` line is where the finding is shown."""
+    _no_final_norm(model)
+    target = model.parent / "factory.py"
+    target.write_text("from tiny import Tiny, example_inputs  # noqa: F401\n\n\n"
+                      "def build_model():  # normaudit: ignore\n    return Tiny()\n")
+    doc = _model_findings(capsys, target)
+    assert found(doc) == [] and "suppressed 2 finding(s): 2 by '# normaudit: ignore' comments" in doc["notes"]
+    edit(target, "# normaudit: ignore", "# normaudit: ignore[NP107]")
+    doc = _model_findings(capsys, target)
+    assert found(doc) == [("NP101", "layers.1")]
+    rc, out, _ = run(capsys, target, "--format", "concise", "--isolated", "--select", "NP101,NP107,NE,NK")
+    assert out.splitlines()[0].startswith(f"{target}:4:1: NP101 [warning] layers.1: ")  # shown where suppressed
+
+
 # -------------------------------------------------------------------------------------------- baselines
 def test_baseline_round_trip(capsys, model, tmp_path):
     baseline = tmp_path / "normaudit-baseline.json"
