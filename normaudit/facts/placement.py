@@ -793,29 +793,9 @@ def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
     for info in infos:
         if info.placement != "unknown" or info.inp is None or info.out is None:
             continue
-        after_add = info.inp in residual or bool(g.anc[g.idx[info.inp]] & add_mask)
-        ahead = _stream_reach(g, info.out, residual)
-        mine = _own_nodes(g, info)
-        direct = [a for a in ahead if g.strip(a.skip) in mine]
-        if direct:
-            # its output is the skip of the next residual add: a norm on the stream
-            # a norm that ends a non-residual block (conv -> BN of a downsampler, a patch embedding) or whose
-            # stream a projection re-embeds (a downsampler's local residual) starts a stream: ``embedding``
-            reads = _reads_stream(g, info.inp, residual)
-            local = reads and _reembedded(g, direct[0], ahead, add_mask)
-            starts = not reads or local or (info.block is None and not after_add)
-            info.placement = "embedding" if starts else "post"
-            closes = info.inp in residual and residual[info.inp].block == info.block
-            if direct[0].block == info.block and not closes and reads and not local:
-                skip_from_norm.append((info, direct[0]))
-        elif ahead:
-            info.placement = "embedding"  # feeds a projection that (re-)embeds the stream (patch merging)
-        elif not after_add:
-            info.placement = "none"
-        elif info.inp in residual and not branch_norms.get(info.inp):
-            info.placement = "post"  # LayerNorm(x + f(x)) closing the last sublayer
-        else:
-            info.placement = "final"
+        skipped = _stream_placement(g, info, residual, add_mask, branch_norms)
+        if skipped is not None:
+            skip_from_norm.append((info, skipped))
 
     # a norm output as the skip is the fault only when the add it feeds is not itself closed by a post norm:
     # in a post-LN stack (x = ln(x + f(x))) the stream is the output of a norm everywhere, the embedding norm
@@ -830,6 +810,37 @@ def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
 
     _double_norms(g, infos)
     _model_facts(g, adds, residual, infos, model, candidates)
+
+
+def _stream_placement(g: _Graph, info: "_SiteInfo", residual: dict[fx.Node, ResidualAdd], add_mask: int,
+                      branch_norms: dict[fx.Node, list["_SiteInfo"]]) -> Optional[ResidualAdd]:
+    """Pass 2 for one norm outside any residual branch: ``post``/``embedding``/``final``/``none`` (module
+    docstring, step 2). Returns the residual add of its own block whose skip the norm's output is when that
+    may be a skip-from-norm fault, else None."""
+    after_add = info.inp in residual or bool(g.anc[g.idx[info.inp]] & add_mask)
+    ahead = _stream_reach(g, info.out, residual)
+    mine = _own_nodes(g, info)
+    direct = [a for a in ahead if g.strip(a.skip) in mine]
+    if direct:
+        # its output is the skip of the next residual add: a norm on the stream
+        # a norm that ends a non-residual block (conv -> BN of a downsampler, a patch embedding) or whose
+        # stream a projection re-embeds (a downsampler's local residual) starts a stream: ``embedding``
+        reads = _reads_stream(g, info.inp, residual)
+        local = reads and _reembedded(g, direct[0], ahead, add_mask)
+        starts = not reads or local or (info.block is None and not after_add)
+        info.placement = "embedding" if starts else "post"
+        closes = info.inp in residual and residual[info.inp].block == info.block
+        if direct[0].block == info.block and not closes and reads and not local:
+            return direct[0]
+    elif ahead:
+        info.placement = "embedding"  # feeds a projection that (re-)embeds the stream (patch merging)
+    elif not after_add:
+        info.placement = "none"
+    elif info.inp in residual and not branch_norms.get(info.inp):
+        info.placement = "post"  # LayerNorm(x + f(x)) closing the last sublayer
+    else:
+        info.placement = "final"
+    return None
 
 
 def _branch_placement(g: _Graph, info: "_SiteInfo", adds: list[ResidualAdd]) -> None:
