@@ -162,8 +162,8 @@ def thread_inplace(gm: fx.GraphModule, modules: dict) -> int:
         if not is_inplace(node):
             continue
         target, scope = _mutated(node), owner(node, modules)
-        if target is None:
-            continue
+        if target is None or target.op == "get_attr":
+            continue  # a parameter/buffer update (running statistics) is no activation's dataflow
         own = target.op not in ("placeholder", "get_attr") and _within(owner(target, modules), scope)
         for user in list(target.users):
             if user is node or order.get(user, -1) <= order[node] or user.op == "output":
