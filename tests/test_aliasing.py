@@ -151,3 +151,35 @@ def test_threading_keeps_the_graph_result():
         before = gm(idx)
         assert thread_inplace(gm, dict(model.named_modules())) == 5  # 5 norms: x.to(orig_dtype) after x.mul_ in each
         assert torch.equal(gm(idx), before) and torch.equal(model(idx), before)
+
+
+def test_norm_returning_its_own_tensor_mutated_in_place_is_final(placement_rules):
+    """``y = x - mean; y.div_(std); y.mul_(w); return y`` as the model's last module: the model's output reads
+    ``y`` after the in-place ops, i.e. the norm's output (threaded to it), so the norm reads as final."""
+    fixture = load_fixture_module(FIXTURES / "NP108_2.py")
+
+    class Block(nn.Module):
+        def __init__(self, d=16):
+            super().__init__()
+            self.ln, self.fc = fixture.CentredLayerNorm(d), fixture.mlp(d)
+
+        def forward(self, x):
+            return x + self.fc(self.ln(x))
+
+    class Encoder(nn.Module):
+        def __init__(self, d=16):
+            super().__init__()
+            self.proj = nn.Linear(8, d)
+            self.blocks = nn.ModuleList([Block(d) for _ in range(2)])
+            self.norm = fixture.CentredLayerNorm(d)
+
+        def forward(self, x):
+            x = self.proj(x)
+            for blk in self.blocks:
+                x = blk(x)
+            return self.norm(x)
+
+    report = audit_model(Encoder(), (torch.randn(2, 5, 8),), placement_rules)
+    assert [(s.module, s.placement) for s in report.sites] == [("blocks.0.ln", "pre"), ("blocks.1.ln", "pre"),
+                                                               ("norm", "final")]
+    assert not _np108(report) and report.model.has_final_norm is True

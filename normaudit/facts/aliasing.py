@@ -166,9 +166,9 @@ def thread_inplace(gm: fx.GraphModule, modules: dict) -> int:
             continue  # a parameter/buffer update (running statistics) is no activation's dataflow
         own = target.op not in ("placeholder", "get_attr") and _within(owner(target, modules), scope)
         for user in list(target.users):
-            if user is node or order.get(user, -1) <= order[node] or user.op == "output":
+            if user is node or order.get(user, -1) <= order[node]:
                 continue
-            if own or _within(owner(user, modules), scope):
+            if own or (user.op != "output" and _within(owner(user, modules), scope)):
                 user.replace_input_with(target, node)
                 changed += 1
     if changed:
@@ -216,23 +216,22 @@ def _alias_dtypes(casts: list[fx.Node]) -> list[str]:
     return sorted(targets) if len(targets) == 1 else []
 
 
-def _related(node: fx.Node, rec: Any, depth: int = 8) -> bool:
+def _related(node: fx.Node, rec: Any, budget: int = 64) -> bool:
     """An in-place op of an inline norm (a functional or hand-written norm inside a larger forward) belongs
-    to it when it is one of its nodes or applies its statistic."""
+    to it when it is one of its nodes or applies its statistic (found among the op's other inputs, looking
+    back at most ``budget`` nodes)."""
     if node in rec.nodes:
         return True
-    todo, seen = [a for a in node.all_input_nodes if a is not _mutated(node)], 0
+    todo = [a for a in node.all_input_nodes if a is not _mutated(node)]
     visited: set = set()
-    while todo and seen < 64:
+    while todo and len(visited) < budget:
         n = todo.pop()
         if n in visited:
             continue
         visited.add(n)
-        seen += 1
         if n is rec.stat or n in rec.nodes:
             return True
-        if depth > 0:
-            todo.extend(n.all_input_nodes)
+        todo.extend(n.all_input_nodes)
     return False
 
 
