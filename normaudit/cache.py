@@ -4,7 +4,8 @@ As ruff's cache does, an entry is keyed by everything the report depends on (:fu
 
 - the target (a model file's content; every file of a model or checkpoint directory), and, checked on each
   hit, the content of every local file the audit imported (the model's own modules, recorded by the worker:
-  :func:`imported_files`);
+  :func:`imported_files`), and the values of the environment variables those files read by name
+  (``os.environ["X"]``, ``os.getenv("X")``: :func:`environment_read`);
 - the ``--config`` file's content, and the checkpoint's headers (a safetensors header, the first and last
   MiB of other weight files) with their size and modification time, never the whole weights;
 - the audit options (dtype, batch size, selectors, input axes, probes, per-module ignores) and the current
@@ -28,6 +29,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import site
 import sys
 import sysconfig
@@ -181,6 +183,25 @@ def imported_files(before: set[str]) -> list[str]:
     return sorted(files)
 
 
+#: ``os.environ["X"]``, ``os.environ.get("X")``, ``os.getenv("X")``, ``environ.setdefault("X", ...)``: the
+#: environment variables a model file reads by name, whose values become part of its entry.
+_ENV_READ = re.compile(r"""(?:environ\s*\[|environ\s*\.\s*(?:get|setdefault|pop)\s*\(|getenv\s*\()\s*[rbuRBU]?["']([^"'\\]+)["']""")
+
+
+def environment_read(files: list[str]) -> dict[str, Optional[str]]:
+    """The environment variables the ``files`` (the target and its local imports) name in a read, with their
+    current values (None: unset). A model chosen by ``os.environ["MODEL_SIZE"]`` gives another entry when the
+    variable changes; variables read through a computed name are not seen (``--no-cache`` for those)."""
+    names: set[str] = set()
+    for path in files:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                names.update(_ENV_READ.findall(fh.read(1_000_000)))
+        except OSError:
+            continue
+    return {name: os.environ.get(name) for name in sorted(names)}
+
+
 def _inside_site_packages(path: Path) -> bool:
     roots = list(site.getsitepackages()) + [site.getusersitepackages()]
     roots += [sysconfig.get_paths()[k] for k in ("purelib", "platlib")]
@@ -224,7 +245,8 @@ class ResultCache:
                 entry = json.load(fh)
             if entry.get("key") != key:
                 raise ValueError("key mismatch")
-            if any(file_fingerprint(path) != digest for path, digest in entry["imported"].items()):
+            if any(file_fingerprint(path) != digest for path, digest in entry["imported"].items()) or \
+                    environment_read(list(entry["imported"])) != entry.get("environ", {}):
                 self.misses += 1
                 return None
             report = Report.model_validate_json(entry["report"])
@@ -244,7 +266,7 @@ class ResultCache:
         if key is None or self._broken:
             return
         entry = {"format": CACHE_FORMAT, "key": key, "imported": {p: file_fingerprint(p) for p in imported},
-                 "report": report.model_dump_json()}
+                 "environ": environment_read(imported), "report": report.model_dump_json()}
         path = self._entry(key)
         try:
             self._prepare()

@@ -247,3 +247,26 @@ def test_numerics_runs_and_in_memory_configs_are_never_cached(project):
     batch = cache_mod.cache_key(AuditOptions(target="model.py", probes=["batch"]), rules)
     plain = cache_mod.cache_key(AuditOptions(target="model.py"), rules)
     assert batch is not None and plain is not None and batch != plain
+
+
+def test_an_environment_variable_a_model_file_reads_is_part_of_its_entry(project, capfd, monkeypatch):
+    (project / "helper.py").write_text('import os\nHIDDEN = int(os.environ.get("NA_TEST_HIDDEN", "8"))\n')
+    monkeypatch.setenv("NA_TEST_HIDDEN", "8")
+    assert audit(capfd)[2] is True
+    assert audit(capfd)[2] is False                      # same value: a hit
+    monkeypatch.setenv("NA_TEST_HIDDEN", "16")
+    rc, report, built = audit(capfd)
+    assert built is True                                 # the model is built again, never the 8-wide report
+    assert [s["normalized_shape"] for s in report["sites"]] == [[16]]
+    monkeypatch.delenv("NA_TEST_HIDDEN")
+    assert audit(capfd)[2] is True                       # unset is a value of its own
+
+
+def test_environment_read_finds_the_names_a_file_reads(tmp_path, monkeypatch):
+    src = tmp_path / "m.py"
+    src.write_text('import os\nfrom os import environ, getenv\na = os.environ["NA_A"]\nb = environ.get("NA_B", 1)\n'
+                   'c = getenv("NA_C")\nd = os.environ.setdefault(\'NA_D\', "x")\n')
+    monkeypatch.setenv("NA_A", "1")
+    monkeypatch.delenv("NA_B", raising=False)
+    assert cache_mod.environment_read([str(src)]) == {"NA_A": "1", "NA_B": None, "NA_C": None,
+                                                        "NA_D": os.environ.get("NA_D")}
