@@ -365,3 +365,40 @@ def test_a_parameter_passed_to_a_module_keeps_no_hook_across_steps():
     report = train(model, monitor(model), steps=3)
     assert report.events == [] and report.forwards_checked == 3
     assert not model.pos._backward_hooks
+
+
+def _inf_weight_net() -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 1))
+    with torch.no_grad():
+        model[0].weight[0, 0] = float("inf")
+    return model
+
+
+def test_warning_points_at_the_users_forward_or_backward_line_not_into_torch():
+    import inspect
+
+    model = _inf_weight_net()
+    with monitor(model, on_nonfinite="warn"), pytest.warns(RuntimeWarning) as caught:
+        out = model(torch.randn(4, 8))
+        line_backward = inspect.currentframe().f_lineno + 1
+        out.mean().backward()                                  # the step's host read: the warning comes here
+        with torch.no_grad():
+            line_forward = inspect.currentframe().f_lineno + 1
+            model(torch.randn(4, 8))                           # no backward can follow: read at forward's end
+    assert [(Path(w.filename).resolve(), w.lineno) for w in caught] == [
+        (Path(__file__).resolve(), line_backward), (Path(__file__).resolve(), line_forward)]
+    assert "step 0 in forward: produced by non-finite weights of 0 (Linear)" in str(caught[0].message)
+
+
+def test_raise_comes_from_backward_when_one_follows_else_from_the_forward_call():
+    model = _inf_weight_net()
+    with monitor(model, on_nonfinite="raise") as mon:
+        out = model(torch.randn(4, 8))                         # grad enabled: checked at the end of backward
+        assert mon.events == []
+        with pytest.raises(NonFiniteError) as err:
+            out.mean().backward()
+        assert (err.value.event.step, err.value.event.phase, err.value.event.module) == (0, "forward", "0")
+        with torch.no_grad(), pytest.raises(NonFiniteError) as err:
+            model(torch.randn(4, 8))                           # no backward can follow: raised by the call
+        assert (err.value.event.step, err.value.event.module) == (1, "0")

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import sys
 import warnings
 import weakref
 from typing import Any, Iterator, Literal, Optional
@@ -194,8 +196,13 @@ class Monitor:
         modules: ``"all"`` hooks every module; ``"norms"`` only the norm modules and the root (cheaper,
             coarser: a producer inside a block is then reported as the root or the next norm).
         every: check one step in ``every`` (steps whose number is a multiple of it).
-        on_nonfinite: ``"record"`` (keep the event), ``"warn"`` (also a ``RuntimeWarning``), ``"raise"``
-            (:class:`NonFiniteError` from the forward call or from ``backward()``).
+        on_nonfinite: ``"record"`` (keep the event), ``"warn"`` (also a ``RuntimeWarning``, attributed to the
+            user's line: :func:`user_stacklevel`), ``"raise"`` (:class:`NonFiniteError`). Either comes at the
+            step's single host read: from ``loss.backward()`` when the forward's output requires grad (so
+            ``out = model(x)`` returns even when ``out`` is NaN), from the ``model(x)`` call itself when no
+            backward can follow (``torch.no_grad()``, ``backward=False``, no output requiring grad), and for
+            a forward whose backward never runs, from the next root forward, :meth:`check`, :meth:`step` or
+            :meth:`close`.
         backward: also locate non-finite gradients.
         auto_step: each root forward in training mode is a new step (False: only :meth:`step` moves it).
         max_events: stop recording after this many events.
@@ -372,7 +379,7 @@ class Monitor:
         if event is not None:
             self.report.events.append(event)
             if self.on_nonfinite == "warn":
-                warnings.warn(str(event), RuntimeWarning, stacklevel=2)
+                warnings.warn(str(event), RuntimeWarning, stacklevel=user_stacklevel())
             elif self.on_nonfinite == "raise":
                 raise NonFiniteError(event)
 
@@ -447,6 +454,26 @@ class Monitor:
             first_norm = self.paths[producer.mod]
         return self._event(state, "backward", producer.mod, "module", inputs, grads[first], first_norm,
                            _unique(self.paths[c.mod] for c in later))
+
+
+#: packages whose frames a warning skips (those imported), so that it points at the user's training loop
+_LIBRARIES = ("torch", "normaudit", "transformers", "accelerate")
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a ``warnings.warn`` called by the function calling this one point at the
+    first frame outside torch and normaudit: the user's ``out = model(x)`` or ``loss.backward()`` line, not
+    ``torch/nn/modules/module.py`` or ``torch/autograd/graph.py``. 2 (the direct caller) when every frame
+    is library code (Python 3.12's ``skip_file_prefixes`` does the same; this runs on 3.10 and 3.11 too).
+    ``transformers`` and ``accelerate`` frames are skipped too, so a ``Trainer`` run points at ``trainer.train()``."""
+    skip = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                 for m in (sys.modules.get(name) for name in _LIBRARIES) if getattr(m, "__file__", None))
+    frame, level = sys._getframe(2), 2   # frame 1 calls this (level 1 for its warn); start at its caller
+    while frame is not None:
+        if not os.path.abspath(frame.f_code.co_filename).startswith(skip):
+            return level
+        frame, level = frame.f_back, level + 1
+    return 2
 
 
 def _unique(paths: Iterator[str]) -> list[str]:
