@@ -270,6 +270,10 @@ class NumericsReport(_Model):
     grad_nonfinite_params: list[str] = Field(default_factory=list)
     grad_nonfinite_param_count: int = 0
     notes: list[str] = Field(default_factory=list)
+    #: ``torch.manual_seed`` the run was made under (random weights, ``example_inputs()``, dropout)
+    seed: Optional[int] = None
+    #: ``example_inputs()`` was called again under ``seed`` (False: the audit's inputs, e.g. inferred ones)
+    inputs_seeded: bool = False
 
 
 class ConfigEps(_Model):

@@ -261,3 +261,76 @@ def test_checkpoint_alone_says_the_probe_needs_model_code(rules, tmp_path):
     assert report.numerics is None
     assert "--probe numerics needs model code to run: a checkpoint alone was only inspected (give the model file " \
            "with --checkpoint)" in report.notes
+
+
+SEEDED_MODEL = '''import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        self.emb = nn.Embedding(50, d)
+        self.fc1 = nn.Linear(d, d)
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, 50)
+        with torch.no_grad():
+            self.fc1.weight.fill_(3000.0)
+            self.emb.weight.uniform_(1, 2)
+
+    def forward(self, i):
+        x = self.emb(i)
+        return self.head(self.ln(x + self.fc1(x)))
+
+
+def build_model():
+    return Net()
+
+
+def example_inputs():
+    return (torch.randint(0, 50, (2, 8)),)
+'''
+
+
+def test_two_runs_give_the_same_numbers_under_the_reported_seed_and_keep_the_callers_rng(rules, tmp_path):
+    from normaudit.render.text import render
+
+    path = tmp_path / "ovf.py"
+    path.write_text(SEEDED_MODEL)
+    dumps = []
+    torch.manual_seed(1)
+    audit_file(path, rules, dtype="float16")          # the audit alone (its build draws random numbers)
+    without_probe = torch.get_rng_state()
+    for caller_seed in (1, 2):    # whatever the caller's RNG state, the run is the same
+        torch.manual_seed(caller_seed)
+        report = audit_file(path, rules, dtype="float16", probes=["numerics"])
+        if caller_seed == 1:      # the probe's own draws leave the caller's RNG where the audit alone does
+            assert torch.equal(torch.get_rng_state(), without_probe)
+        n = report.numerics
+        assert (n.seed, n.inputs_seeded, n.producer.module) == (0, True, "fc1")
+        dumps.append((n.model_dump(exclude={"seconds"}), [s.numerics.model_dump() for s in report.sites]))
+        assert "random initial weights, seed 0," in render(report)
+    assert dumps[0] == dumps[1]
+    spec: dict = {}
+    exec(compile(SEEDED_MODEL, "ovf.py", "exec"), spec)
+    torch.manual_seed(0)   # the probe's draws in order: the factory's weights, then example_inputs()
+    model, (ids,) = spec["build_model"](), spec["example_inputs"]()
+    expected = float(model.emb.weight.detach().half()[ids].abs().max())
+    assert dumps[0][0]["producer"]["inputs"]["absmax"] == expected
+
+
+def test_backward_line_says_no_non_finite_gradient(rules):
+    from normaudit.render.text import render
+
+    spec = load_fixture_module(FIXTURES / "NN102_3.py")
+    good = audit_model(spec.build_model(), spec.example_inputs(), rules=rules, dtype="float16",
+                       probes=["numerics-backward"])
+    line = next(ln for ln in render(good).splitlines() if ln.startswith("  backward:"))
+    assert line == f"  backward: loss {good.numerics.loss:.3g}, no non-finite gradient"
+    assert "none" not in line
+    bad_spec = load_fixture_module(FIXTURES / "NN102_1.py")
+    bad = audit_model(bad_spec.build_model(), bad_spec.example_inputs(), rules=rules, dtype="float16",
+                      probes=["numerics-backward"])
+    line = next(ln for ln in render(bad).splitlines() if ln.startswith("  backward:"))
+    assert line == (f"  backward: loss nan, first non-finite gradient at blocks.3.proj, "
+                    f"{bad.numerics.grad_nonfinite_param_count} parameter(s) with non-finite gradients")

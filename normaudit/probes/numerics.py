@@ -6,7 +6,9 @@ dtype's maximum.
 The model is built for real (:func:`real_model`): weights from ``--checkpoint`` when given, else as the factory
 initialises them (the report then says the weights are random), cast to ``--dtype`` (as ``model.half()`` does:
 floating parameters and buffers) and run once in eval mode on the example inputs, on CUDA when available, else
-on the CPU. Models above ``--max-params`` parameters are refused (exit 2) before anything is built; peak memory
+on the CPU. The run is seeded (:data:`NUMERICS_SEED`, ``NumericsReport.seed``; ``torch.random.fork_rng``
+restores the caller's RNG state after): the factory and ``example_inputs()`` are called again under it, so
+random weights and random inputs are the same on every run. Models above ``--max-params`` parameters are refused (exit 2) before anything is built; peak memory
 is the float32 model plus its cast copy, one tensor at a time (at most ~1.5x the float32 weights), plus the
 activations of one forward.
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -50,6 +53,9 @@ EPS_DOMINATED_FACTOR = 10.0
 #: modules kept in ``NumericsReport.before`` (the calls that returned just before the producer)
 FRAMES_BEFORE = 5
 MAX_PROPAGATORS = 50
+#: ``torch.manual_seed`` of the probe's run (the factory's random weights, ``example_inputs()``, dropout), so two
+#: runs give the same numbers; the caller's RNG state is restored after (``torch.random.fork_rng``)
+NUMERICS_SEED = 0
 _ROWS_KEPT = 1 << 20
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _FUSED = {"layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm"}
@@ -504,6 +510,42 @@ def numerics_probe(ctx: Any, records: list, build_fn: Any = None, where: Optiona
     if ctx.probe_model is None or ctx.inputs is None:
         report.error = "no model or example inputs to run"
         return report
+    devices = [torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(NUMERICS_SEED)
+        report.seed = NUMERICS_SEED
+        return _seeded_probe(ctx, records, build_fn, where, report, device, cast)
+
+
+def seeded_inputs(build_fn: Any, inputs: Any, where: Optional[str]) -> tuple[Any, bool]:
+    """The example inputs made again under the probe's seed: ``example_inputs()`` of the module defining
+    ``build_fn`` is called again (as the factory is, :func:`real_model`), so random inputs
+    (``torch.randint``/``randn``) are the same on every run. ``(inputs, True)``, or ``(inputs, False)`` with the
+    given ones when there is no such function (a library model's inferred inputs). Raises UsageError (file
+    ``where``) when the second call fails or returns no tuple/dict."""
+    module = sys.modules.get(getattr(build_fn, "__module__", None) or "")
+    ex = getattr(module, "example_inputs", None)
+    if build_fn is None or not callable(ex):
+        return inputs, False
+    from pathlib import Path
+
+    from normaudit.target.pyfile import BuildMode, _call
+
+    again = _call(ex, Path(where or "model.py"), "example_inputs() failed (numerics probe)", BuildMode(meta=False))
+    if isinstance(again, torch.Tensor):
+        again = (again,)
+    if isinstance(again, list):
+        again = tuple(again)
+    if not isinstance(again, (tuple, dict)):
+        raise UsageError(f"example_inputs() returned {type(again).__name__} on its second call (numerics probe)",
+                         file=where)
+    return again, True
+
+
+def _seeded_probe(ctx: Any, records: list, build_fn: Any, where: Optional[str], report: NumericsReport,
+                  device: torch.device, cast: torch.dtype) -> NumericsReport:
+    """:func:`numerics_probe` after the seed: build, run, fill ``report``."""
+    dtype_name, ckpt, autocast = report.dtype, getattr(ctx, "checkpoint", None), report.autocast
     t0 = time.perf_counter()
     try:
         model, report.weights, notes = real_model(ctx.probe_model, ckpt, build_fn, where)
@@ -514,15 +556,16 @@ def numerics_probe(ctx: Any, records: list, build_fn: Any = None, where: Optiona
     except Exception as exc:  # noqa: BLE001 - a probe never fails the audit
         report.error = f"the model could not be built for real: {one_line(exc)}"
         return report
+    inputs, report.inputs_seeded = seeded_inputs(build_fn, ctx.inputs, where)
     if ckpt is None:
         _model_bounds(model, records, dtype_name)
     rec = Recorder(model, [r.site for r in records], dtype_name)
     try:
         amp = torch.autocast(device.type, dtype=DTYPES[dtype_name]) if autocast else contextlib.nullcontext()
-        out, report.loss = _run(model, _cast_inputs(ctx.inputs, cast, device), rec, backward, amp)
+        out, report.loss = _run(model, _cast_inputs(inputs, cast, device), rec, report.backward, amp)
         report.output = tensor_stats(_leaves(out))
     except Exception as exc:  # noqa: BLE001
-        report.error = f"the forward{'/backward' if backward else ''} failed in {dtype_name}: {one_line(exc)}"
+        report.error = f"the forward{'/backward' if report.backward else ''} failed in {dtype_name}: {one_line(exc)}"
     finally:
         rec.close()
     report.seconds = round(time.perf_counter() - t0, 3)

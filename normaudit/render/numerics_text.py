@@ -12,14 +12,25 @@ def _g(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:.3g}"
 
 
+def _backward_summary(n) -> str:
+    """The backward line: the loss, then the first module with a non-finite gradient and the parameters holding
+    one, or that every gradient is finite."""
+    if n.grad_first_nonfinite is None and not n.grad_nonfinite_param_count:
+        return f"loss {_g(n.loss)}, no non-finite gradient"
+    where = (f"first non-finite gradient at {n.grad_first_nonfinite or '<root>'}"
+             if n.grad_first_nonfinite is not None else "no module output with a non-finite gradient")
+    return f"loss {_g(n.loss)}, {where}, {n.grad_nonfinite_param_count} parameter(s) with non-finite gradients"
+
+
 def numerics_lines(report: Report) -> list[str]:
     """Lines of the numerics section (empty when the probe did not run)."""
     n = report.numerics
     if n is None:
         return []
     weights = "checkpoint weights" if n.weights == "checkpoint" else "random initial weights"
-    lines = ["", f"numerics ({n.dtype}{' autocast' if n.autocast else ''} on {n.device}, {weights}, {n.seconds:.2f} s"
-             + (", with a backward" if n.backward else "") + "):"]
+    seed = f", seed {n.seed}" if n.seed is not None else ""
+    lines = ["", f"numerics ({n.dtype}{' autocast' if n.autocast else ''} on {n.device}, {weights}{seed}, "
+             f"{n.seconds:.2f} s" + (", with a backward" if n.backward else "") + "):"]
     if n.error:
         return lines + [f"  not measured: {n.error}"]
     if n.producer is None:
@@ -34,9 +45,7 @@ def numerics_lines(report: Report) -> list[str]:
             lines.append(f"  then passed on by {n.propagator_count} module(s): {', '.join(n.propagators[:6])}"
                          + (" ..." if len(n.propagators) > 6 else "") + more)
     if n.backward:
-        lines.append(f"  backward: loss {_g(n.loss)}, first non-finite gradient at "
-                     f"{n.grad_first_nonfinite or 'none'}, {n.grad_nonfinite_param_count} parameter(s) with "
-                     "non-finite gradients")
+        lines.append(f"  backward: {_backward_summary(n)}")
     rows = [["module", "stat min / median / max", "rows < 10*eps", "out abs-max", "headroom", "bound", "role"]]
     for s in report.sites:
         m = s.numerics
