@@ -285,7 +285,8 @@ def test_rule_fixture(path, run, rules):
     args = dict(run["args"])
     if "config" in args:
         args["config"] = str(FIXTURES / args["config"])
-    report = audit_file(path, rules={rule_id: rules[rule_id]}, **args)
+    target = f"{path}:{args.pop('factory')}" if "factory" in args else path
+    report = audit_file(target, rules={rule_id: rules[rule_id]}, **args)
     got = {f.module: f.severity for f in report.findings if f.rule_id == rule_id}
     assert got == run["flagged"]
     assert not set(run["not_flagged"]) & set(got)

@@ -175,12 +175,14 @@ def _as_dict(obj: Any, depth: int, seen: set) -> Optional[dict[str, Any]]:
             raw = dict(obj.items())
         elif isinstance(obj, tuple) and hasattr(obj, "_asdict"):
             raw = dict(obj._asdict())
-        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-            raw = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
         elif callable(getattr(obj, "to_dict", None)):
+            # before the dataclass fields: transformers 5's PretrainedConfig is a dataclass, and a subclass
+            # written the classic way (attributes set in __init__) keeps its keys out of dataclasses.fields
             raw = obj.to_dict()
             if not isinstance(raw, Mapping):
                 return None
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            raw = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
         else:
             cls_defaults = {k: v for k, v in vars(type(obj)).items()
                             if not k.startswith("_") and isinstance(v, _SIMPLE)}
