@@ -13,7 +13,10 @@ or as Ray tasks (``--executor ray``), results handed on in the targets' order.
   (``max_calls=1``, no retries), at most ``jobs`` in flight (default: the cluster's CPUs), each cancelled with
   ``ray.cancel(force=True)`` past ``--timeout`` seconds after its submission; results are taken as they
   finish (``ray.wait``). ``ray.init(address=...)`` joins an existing cluster (``--ray-address``), else starts
-  a local one that is shut down at the end. The cluster's workers must have normaudit (and the model's
+  a local one that is shut down at the end. Ray's own output stays off the user's terminal
+  (:func:`ray_driver_quiet`: no dashboard, no worker logs, the driver's stdout to ``os.devnull``, the ``ray``
+  logger at ERROR); a task reports its phase (:class:`PhaseFile`), so a crash or a timeout names it ("while
+  building the model") as the local executor's errors do. The cluster's workers must have normaudit (and the model's
   dependencies) installed and see the target files at the same paths.
 
 The report a worker sends back is the report before the baseline: the parent applies the baseline, so the
@@ -21,9 +24,12 @@ cached report does not depend on it.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,17 +81,44 @@ def audit_target(opts: Any, rules: dict) -> WorkerResult:
     return WorkerResult(report=report, imported=imported_files(before))
 
 
-def ray_task(opts: Any, rules: dict, cwd: str) -> tuple:
+class PhaseFile:
+    """A Ray task's report of the phase it has reached (:func:`normaudit.worker.phase`), written to ``path``
+    on the task's machine: the driver reads it when the task's process dies, so the error names the phase
+    as the local executor's does. Only where the driver's folder is seen (a local cluster, a shared disk)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def send(self, message: tuple) -> None:
+        """Take a worker message; ``("phase", name)`` overwrites the file with ``name``."""
+        if message and message[0] == "phase":
+            with open(self.path, "w", encoding="utf-8") as f:
+                f.write(str(message[1]))
+
+
+def read_phase(path: Optional[str]) -> Optional[str]:
+    """The phase a Ray task last wrote to ``path`` (:class:`PhaseFile`), or None."""
+    try:
+        with open(path or "", encoding="utf-8") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def ray_task(opts: Any, rules: dict, cwd: str, phase_file: Optional[str] = None) -> tuple:
     """The body of one Ray task: :func:`audit_target` as a worker message (:func:`normaudit.worker.run_and_describe`),
     run in the driver's directory ``cwd`` where it exists (relative target paths, report paths as local runs
-    give them); the task's process serves this one task (``max_calls=1``), so the change does not leak."""
+    give them); the task's process serves this one task (``max_calls=1``), so the change does not leak. The
+    phases reached go to ``phase_file`` (:class:`PhaseFile`) when its folder exists here."""
+    from normaudit import worker
     from normaudit.target.hf import set_offline
-    from normaudit.worker import run_and_describe
 
     set_offline()
     if os.path.isdir(cwd):
         os.chdir(cwd)
-    return run_and_describe(functools.partial(audit_target, opts, rules), opts.target)
+    if phase_file and os.path.isdir(os.path.dirname(phase_file)):
+        worker._state["channel"] = PhaseFile(phase_file)
+    return worker.run_and_describe(functools.partial(audit_target, opts, rules), opts.target)
 
 
 def _looks_hf(target: str) -> bool:
@@ -211,7 +244,10 @@ def _run_local(pending: list[int], plan_opts: list, rules: dict, timeout: float,
 
 
 #: ``ray.init`` options of every run: no dashboard, the workers' output and Ray's logging kept off the driver.
-RAY_QUIET = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+RAY_QUIET = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False,
+             "logging_level": logging.ERROR}
+#: environment of the driver while Ray runs: no log deduplication summaries, no usage-stats prompt
+RAY_QUIET_ENV = {"RAY_DEDUP_LOGS": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 def local_ray_options(jobs: Optional[int] = None) -> dict[str, Any]:
@@ -241,31 +277,69 @@ def _ray_init(ray: Any, address: Optional[str], jobs: Optional[int]) -> bool:
     return True
 
 
-def _ray_error(ray: Any, err: BaseException, target: str) -> BaseException:
-    """A Ray failure of one task as that target's error."""
+def _ray_error(ray: Any, err: BaseException, target: str, phase: Optional[str] = None) -> BaseException:
+    """A Ray failure of one task as that target's error, naming the ``phase`` the task had reported
+    (:data:`normaudit.worker.PHASES`) like the local executor's."""
+    from normaudit.worker import PHASES
+
     if isinstance(err, (ray.exceptions.WorkerCrashedError, ray.exceptions.LocalRayletDiedError)):
-        return UsageError("the model's code crashed or ended the Ray worker process", file=target)
+        doing = f" while {PHASES.get(phase, phase)}" if phase else ""
+        return UsageError(f"the model's code crashed or ended the Ray worker process{doing}", file=target)
     return err
+
+
+@contextlib.contextmanager
+def ray_driver_quiet():
+    """While Ray runs in this process, keep its own output off the user's terminal: the driver's stdout
+    (where Ray's error listener prints ``(raylet) A worker died ...`` with ANSI colours) goes to
+    ``os.devnull`` at the Python and file-descriptor level, the ``ray`` logger (the token-authentication
+    banner of ``ray.init``) shows errors only, :data:`RAY_QUIET_ENV` is set. What normaudit itself says goes
+    to stderr (explicitly) and is untouched; the reports are printed after."""
+    ray_log = logging.getLogger("ray")
+    level, env = ray_log.level, {k: os.environ.get(k) for k in RAY_QUIET_ENV}
+    ray_log.setLevel(logging.ERROR)
+    os.environ.update(RAY_QUIET_ENV)
+    saved = None
+    with open(os.devnull, "w", encoding="utf-8") as sink:
+        try:
+            sys.stdout.flush()
+            saved = os.dup(1)
+            os.dup2(sink.fileno(), 1)
+        except (OSError, ValueError):
+            saved = None
+        try:
+            with contextlib.redirect_stdout(sink):
+                yield
+        finally:
+            if saved is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    os.dup2(saved, 1)
+                    os.close(saved)
+            ray_log.setLevel(level)
+            for k, v in env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 def _run_ray(pending: list[int], plan_opts: list, rules: dict, timeout: float, jobs: Optional[int],
              address: Optional[str], done: Callable) -> None:
     """The pending targets as Ray tasks (see the module docstring)."""
-    from normaudit.worker import user_code_output
-
     try:
         import ray
     except ImportError:
         raise UsageError("--executor ray needs the ray package: pip install 'normaudit[ray]'") from None
-    with user_code_output():  # Ray's driver prints its workers' deaths on stdout: keep stdout for the report
-        _ray_tasks(ray, pending, plan_opts, rules, timeout, jobs, address, done)
+    with ray_driver_quiet(), tempfile.TemporaryDirectory(prefix="normaudit-ray-") as phases:
+        _ray_tasks(ray, pending, plan_opts, rules, timeout, jobs, address, done, phases)
 
 
 def _ray_tasks(ray: Any, pending: list[int], plan_opts: list, rules: dict, timeout: float, jobs: Optional[int],
-               address: Optional[str], done: Callable) -> None:
+               address: Optional[str], done: Callable, phases: str = "") -> None:
     """Submit at most ``jobs`` tasks at a time (default: the cluster's CPUs), take results as they finish,
-    cancel (``force=True``) those past ``timeout`` seconds since submission."""
-    from normaudit.worker import decode_message
+    cancel (``force=True``) those past ``timeout`` seconds since submission; task ``i`` reports its phase
+    in ``phases/i`` (:class:`PhaseFile`)."""
+    from normaudit.worker import PHASES, decode_message
 
     started_here = _ray_init(ray, address, jobs)
     in_flight: dict[Any, tuple[int, float]] = {}
@@ -277,7 +351,8 @@ def _ray_tasks(ray: Any, pending: list[int], plan_opts: list, rules: dict, timeo
         while queue or in_flight:
             while queue and len(in_flight) < window:
                 i = queue.pop(0)
-                in_flight[task.remote(plan_opts[i], rules_ref, os.getcwd())] = (i, time.monotonic())
+                in_flight[task.remote(plan_opts[i], rules_ref, os.getcwd(), _phase_path(phases, i))] = (
+                    i, time.monotonic())
             first_deadline = min(t0 for _, t0 in in_flight.values()) + timeout
             ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=max(0.0, first_deadline - time.monotonic()))
             for ref in ready:
@@ -285,7 +360,8 @@ def _ray_tasks(ray: Any, pending: list[int], plan_opts: list, rules: dict, timeo
                 try:
                     result = decode_message(ray.get(ref), WorkerResult)
                 except Exception as exc:  # noqa: BLE001 - the target's outcome
-                    done(i, None, _ray_error(ray, exc, plan_opts[i].target), time.monotonic() - started)
+                    err = _ray_error(ray, exc, plan_opts[i].target, read_phase(_phase_path(phases, i)))
+                    done(i, None, err, time.monotonic() - started)
                 else:
                     done(i, result, None, time.monotonic() - started)
             now = time.monotonic()
@@ -293,10 +369,17 @@ def _ray_tasks(ray: Any, pending: list[int], plan_opts: list, rules: dict, timeo
                 if now - started >= timeout:
                     ray.cancel(ref, force=True)
                     del in_flight[ref]
-                    err = UsageError(f"timed out after {timeout:g} s as a Ray task (--timeout)", file=plan_opts[i].target)
+                    doing = read_phase(_phase_path(phases, i))
+                    doing = f" while {PHASES.get(doing, doing)}" if doing else ""
+                    err = UsageError(f"timed out after {timeout:g} s as a Ray task{doing} (--timeout)",
+                                     file=plan_opts[i].target)
                     done(i, None, err, now - started)
     finally:
         for ref in in_flight:
             ray.cancel(ref, force=True)
         if started_here:
             ray.shutdown()
+
+
+def _phase_path(phases: str, i: int) -> Optional[str]:
+    return os.path.join(phases, str(i)) if phases else None

@@ -56,15 +56,37 @@ def test_ray_gives_the_local_reports_in_order_and_a_crash_is_its_targets_exit_2(
     assert rc_local == rc_ray == 2
     assert _sites_and_findings(remote) == _sites_and_findings(local)
     assert [p for p, _, _ in _sites_and_findings(remote)] == ["tiny.py", "tiny2.py"]
-    assert remote["errors"] == [{"target": "crash.py", "status": 2,
-                                 "message": "crash.py: the model's code crashed or ended the Ray worker process"}]
-    assert "normaudit: error: crash.py: the model's code crashed or ended the Ray worker process" in err.splitlines()
+    crashed = "crash.py: the model's code crashed or ended the Ray worker process while building the model"
+    assert remote["errors"] == [{"target": "crash.py", "status": 2, "message": crashed}]
+    # Ray's own "(raylet) A worker died ..." (ANSI-coloured) stays off the user's terminal: our line alone
+    assert err.splitlines() == [f"normaudit: error: {crashed}"]
 
 
 def test_ray_timeout_cancels_the_task(ray_cluster, models, capfd):
     rc, out, err = run(capfd, "hang.py", *TEST_RULES, "--executor", "ray", "--timeout", "15")
     assert (rc, out) == (2, "")
-    assert err.strip().splitlines()[-1] == "normaudit: error: hang.py: timed out after 15 s as a Ray task (--timeout)"
+    assert err.strip().splitlines() == [
+        "normaudit: error: hang.py: timed out after 15 s as a Ray task while building the model (--timeout)"]
+
+
+def test_ray_driver_quiet_drops_rays_output_and_restores_stdout_and_logging(capfd):
+    import logging
+    import os
+
+    from normaudit.runner import ray_driver_quiet
+
+    child = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    before = (logging.getLogger("ray").level, os.environ.get("RAY_DEDUP_LOGS"))
+    with ray_driver_quiet():
+        child.warning("Token authentication is enabled for this Ray cluster.")   # ray.init's banner
+        print("\x1b[33m(raylet)\x1b[0m A worker died or was killed")            # Ray's error listener
+        os.write(1, b"fd 1 from a C extension\n")
+        print("normaudit: error: kept", file=sys.stderr)
+        assert os.environ["RAY_DEDUP_LOGS"] == "0"
+    print("after")
+    out, err = capfd.readouterr()
+    assert (out, err) == ("after\n", "normaudit: error: kept\n")
+    assert (logging.getLogger("ray").level, os.environ.get("RAY_DEDUP_LOGS")) == before
 
 
 def test_ray_missing_is_one_line(models, capfd, monkeypatch):
