@@ -348,9 +348,15 @@ def _describe_inputs(inputs: Any) -> list[str]:
 
 
 def run_audit(opts: AuditOptions, rules: Optional[dict[str, Rule]] = None) -> Report:
-    """Load the target and audit it. Raises UsageError for bad input."""
+    """Load the target and audit it. Raises UsageError for bad input.
+
+    The target's import folders (:func:`~normaudit.target.pyfile.target_search_paths`) stay on ``sys.path``
+    for the whole audit, so imports inside ``build_model()``, ``example_inputs()`` or ``forward`` work."""
     if opts.dtype not in DTYPES:
         raise UsageError(f"unknown dtype {opts.dtype!r}; use float32, float16 or bfloat16")
+    from normaudit.target.pyfile import on_sys_path, target_search_paths
+
     rules = rules if rules is not None else load_rules(opts.rules_dirs)
-    mua = load_model(opts.target)
-    return build_report(opts, mua, rules)
+    with on_sys_path(target_search_paths(opts.target)):  # imports inside build_model()/forward, as at import
+        mua = load_model(opts.target)
+        return build_report(opts, mua, rules)

@@ -1,9 +1,10 @@
 """Load a model from a Python file by the CONTRACT convention.
 
 ``model.py`` (factory ``build_model``) or ``model.py:factory``; an optional ``example_inputs()`` returns a
-tuple of positional inputs or a dict of keyword inputs. Import and build failures become
-:class:`~normaudit.errors.UsageError` naming the user's file and line, the exception and, where the failing
-frame is inside ``torch.nn``, the module class that raised (``GroupNorm``).
+tuple of positional inputs or a dict of keyword inputs. A file in a package (an ``__init__.py`` beside it)
+is imported as part of the package, by its dotted name (:func:`import_plan`), so its relative imports work.
+Import and build failures become :class:`~normaudit.errors.UsageError` naming the user's file and line, the
+exception and, where the failing frame is inside ``torch.nn``, the module class that raised (``GroupNorm``).
 """
 from __future__ import annotations
 
@@ -107,36 +108,143 @@ def keep_recursion_limit():
             sys.setrecursionlimit(saved)
 
 
+@dataclass(frozen=True)
+class ImportPlan:
+    """How a model file is imported, as plain Python or pytest (``importmode=prepend``) would.
+
+    ``path``: the file, resolved. ``package``: the dotted name of the package it belongs to (its folder has
+    an ``__init__.py``; the root is found by walking up the ``__init__.py`` files, as pytest does) or None
+    for a loose file. ``module_name``: the name it is imported under (``mypkg.model``; a hashed private name
+    for a loose file). ``search_paths``: what goes on ``sys.path`` for the import and the whole audit: the
+    file's folder (``python model.py`` does so) and, for a package, the parent of the package root.
+    """
+
+    path: Path
+    module_name: str
+    package: Optional[str]
+    search_paths: tuple[str, ...]
+
+
+def import_plan(path: Path) -> ImportPlan:
+    """The :class:`ImportPlan` of the model file ``path`` (which must exist). A folder whose name is no Python
+    identifier ends the package (it cannot be imported by name), as does a file stem that is none."""
+    resolved = path.resolve()
+    parts = [] if resolved.name == "__init__.py" else [resolved.stem]
+    root = resolved.parent
+    while (root / "__init__.py").is_file() and root.name.isidentifier():
+        parts.insert(0, root.name)
+        root = root.parent
+    in_package = len(parts) > 1 or (resolved.name == "__init__.py" and bool(parts))
+    if not in_package or not all(p.isidentifier() for p in parts):
+        name = "normaudit_target_" + hashlib.sha1(str(resolved).encode()).hexdigest()[:12]
+        return ImportPlan(resolved, name, None, (str(resolved.parent),))
+    package = ".".join(parts if resolved.name == "__init__.py" else parts[:-1])
+    paths = tuple(dict.fromkeys((str(resolved.parent), str(root))))
+    return ImportPlan(resolved, ".".join(parts), package, paths)
+
+
+def target_search_paths(target: str) -> tuple[str, ...]:
+    """The ``sys.path`` entries the audit of ``target`` keeps for all its phases (build, inputs, capture,
+    probes), so imports inside ``build_model()`` or ``forward`` find what a module-level import finds: those
+    of :func:`import_plan` for a model file; the current directory for a ``package.module:factory`` target
+    (when ``''`` is not on ``sys.path``); nothing for other targets."""
+    path, _ = split_target(target)
+    if path.suffix == ".py" or (path.is_file() and path.suffix == ""):
+        return import_plan(path).search_paths if path.is_file() else ()
+    if not path.exists() and "/" not in target and "\\" not in target and "" not in sys.path:
+        return (os.getcwd(),)
+    return ()
+
+
+@contextlib.contextmanager
+def on_sys_path(paths: tuple[str, ...]):
+    """Put ``paths`` first on ``sys.path`` (in that order) while the block runs; afterwards one occurrence of
+    each is removed again (the user's code may have added or removed entries meanwhile: theirs are kept)."""
+    sys.path[0:0] = list(paths)
+    try:
+        yield
+    finally:
+        for p in paths:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(p)
+
+
+def _package_clash(plan: ImportPlan) -> Optional[str]:
+    """Why the package of ``plan`` cannot be imported by name: a module of the same top-level name already
+    imported from elsewhere (None when there is none)."""
+    top = plan.module_name.split(".")[0]
+    mod = sys.modules.get(top)
+    if mod is None:
+        return None
+    root = Path(plan.search_paths[-1]) / top
+    locations = [Path(p).resolve() for p in getattr(mod, "__path__", None) or []]
+    if root.resolve() in locations:
+        return None
+    where = getattr(mod, "__file__", None) or "elsewhere"
+    return f"package {top!r} is already imported from {where}"
+
+
 def import_file(path: Path) -> ModuleType:
-    """Import ``path`` as a fresh module without writing ``__pycache__`` into the user's tree.
+    """Import ``path`` as a fresh module without writing ``__pycache__`` into the user's tree; a file inside
+    a package (:func:`import_plan`) is imported as part of it, its package first, so relative imports work.
 
     Raises UsageError when the file is missing or its import raises.
     """
     if not path.is_file():
         raise UsageError("no such file", file=str(path))
-    resolved = path.resolve()
-    name = "normaudit_target_" + hashlib.sha1(str(resolved).encode()).hexdigest()[:12]
-    spec = importlib.util.spec_from_file_location(name, resolved)
-    if spec is None or spec.loader is None:
-        raise UsageError("cannot be imported as a Python module", file=str(path))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    plan = import_plan(path)
+    clash = _package_clash(plan) if plan.package else None
+    if clash:
+        plan = ImportPlan(plan.path, "normaudit_target_" + hashlib.sha1(str(plan.path).encode()).hexdigest()[:12],
+                          None, plan.search_paths[:1])
     old_dont_write = sys.dont_write_bytecode
     sys.dont_write_bytecode = True
-    sys.path.insert(0, str(resolved.parent))
     phase("import")
     try:
-        with keep_recursion_limit():
-            spec.loader.exec_module(module)
+        with on_sys_path(plan.search_paths), keep_recursion_limit():
+            return _exec_plan(plan)
+    except UsageError:
+        raise
     except BaseException as exc:  # noqa: BLE001 - user code may raise anything
-        sys.modules.pop(name, None)
         if isinstance(exc, KeyboardInterrupt) and not in_worker():
             raise
-        raise user_error(exc, resolved, "import failed") from exc
+        err = user_error(exc, plan.path, "import failed")
+        if clash and isinstance(exc, ImportError) and "relative import" in safe_str(exc):
+            err = UsageError(f"{err.message} ({clash})", file=err.file, line=err.line)
+        raise err from exc
     finally:
         sys.dont_write_bytecode = old_dont_write
-        with contextlib.suppress(ValueError):
-            sys.path.remove(str(resolved.parent))
+
+
+def _exec_plan(plan: ImportPlan) -> ModuleType:
+    """Execute the file of ``plan`` as a fresh module named ``plan.module_name``, its package imported first
+    as the import system does. A module the package's ``__init__.py`` itself just imported from this file is
+    used as it is (executing it twice would make two copies of its classes); one left in ``sys.modules`` by
+    an earlier audit in this process is executed again (the file may have changed since)."""
+    is_init = plan.path.name == "__init__.py"
+    if plan.package and not is_init:
+        stale = plan.module_name in sys.modules
+        importlib.import_module(plan.package)
+        done = sys.modules.get(plan.module_name)
+        if not stale and done is not None and _resolved(getattr(done, "__file__", None) or "") == plan.path:
+            return done
+    locations = [str(plan.path.parent)] if is_init else None
+    spec = importlib.util.spec_from_file_location(plan.module_name, plan.path, submodule_search_locations=locations)
+    if spec is None or spec.loader is None:
+        raise UsageError("cannot be imported as a Python module", file=str(plan.path))
+    module = importlib.util.module_from_spec(spec)
+    previous = sys.modules.get(plan.module_name)
+    sys.modules[plan.module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        if previous is not None:
+            sys.modules[plan.module_name] = previous
+        else:
+            sys.modules.pop(plan.module_name, None)
+        raise
+    if plan.package and not is_init:
+        setattr(sys.modules[plan.package], plan.module_name.rpartition(".")[2], module)
     return module
 
 
