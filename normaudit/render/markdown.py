@@ -392,6 +392,10 @@ def render(report: Report, rules: dict[str, Rule], options=None) -> str:
         out.append("No findings.")
     out += ["", "### Normalisation sites", ""]
     out += _sites_section(report.sites)
+    if report.numerics is not None:  # the chart and table of --probe numerics (normaudit.render.numerics_chart)
+        from normaudit.render.numerics_chart import markdown_lines
+
+        out += markdown_lines(report, getattr(options, "numerics_chart", None))
     diagram = mermaid(report)
     if diagram is not None:
         out += ["", "### Block structure", "", "```mermaid", diagram, "```"]
