@@ -113,6 +113,16 @@ def load_baseline(path: str | Path) -> Baseline:
     return baseline
 
 
+#: The note :func:`apply_baseline` leaves on a report; :func:`baselined_count` reads the number back.
+BASELINED_NOTE = "{n} finding(s) matched the baseline and are not reported"
+
+
+def baselined_count(report: Report) -> int:
+    """How many findings of ``report`` the baseline took out (0 without a baseline), from its note."""
+    pattern = re.escape(BASELINED_NOTE).replace(re.escape("{n}"), r"(\d+)")
+    return sum(int(m.group(1)) for note in report.notes if (m := re.fullmatch(pattern, note)))
+
+
 def apply_baseline(report: Report, baseline: Baseline, base_dir: Path) -> Report:
     """A copy of ``report`` without the findings ``baseline`` accepts, its summary recounted and a note
     saying how many were baselined (and how many baselined findings no longer occur)."""
@@ -130,7 +140,7 @@ def apply_baseline(report: Report, baseline: Baseline, base_dir: Path) -> Report
     stale = sum(n for n in budget.values() if n > 0)
     notes = list(report.notes)
     if matched:
-        notes.append(f"{matched} finding(s) matched the baseline and are not reported")
+        notes.append(BASELINED_NOTE.format(n=matched))
     if stale:
         notes.append(f"{stale} baselined finding(s) no longer occur: refresh the baseline with --write-baseline")
     summary = report.summary.model_copy(update={

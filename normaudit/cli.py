@@ -4,6 +4,7 @@
                      [--batch-size N] [--format FMT [-o FILE]]... [-q] [--statistics] [--project-root DIR]
                      [--fail-on error|warning|info|never]
                      [--select IDS] [--ignore IDS] [--rules DIR] [--input-axes B,C,H,W]
+                     [--probe batch|size|numerics|numerics-backward|numerics-autocast] [--max-params N]
                      [--baseline FILE] [--write-baseline FILE] [--settings FILE] [--isolated]
                      [--timeout SECONDS] [--add-noqa] [--show-settings]
                      [-j N] [--executor local|ray] [--ray-address ADDRESS] [--no-cache] [-v]
@@ -15,15 +16,18 @@
 ``--add-noqa`` writes ``# normaudit: ignore[ID]`` on each finding's line in the user's own files
 (:mod:`normaudit.noqa`), the one option that edits them; ``--show-settings`` prints the settings in force.
 
-TARGET: ``model.py[:factory]``, ``package.module:factory``, a directory with a Hugging Face ``config.json``
-or a bare ``config.json``. Without TARGET the ``targets`` of the settings file (``[tool.normaudit]`` in
+TARGET: ``model.py[:factory]``, ``package.module:factory``, a directory with a Hugging Face ``config.json``,
+a bare ``config.json``, or a checkpoint alone (``.safetensors``, ``.pt``, ``.pth``, ``.bin``, a sharded index). Without TARGET the ``targets`` of the settings file (``[tool.normaudit]`` in
 ``pyproject.toml`` or ``normaudit.toml``, see :mod:`normaudit.settings`) are audited; flags override the
 settings.
 
 Outputs: each ``-o FILE`` belongs to the ``--format`` just before it (or, given first, the next one); a
 format without ``-o`` goes to stdout, and at most one may. With several targets, ``json`` is one document
 ``{"tool", "version", "reports": [...], "errors": [...], "summary"}``; with one target it is exactly the
-report object of CONTRACT.md. ``sarif`` is one log with one run holding every target's results (paths
+report object of CONTRACT.md. A lone target that fails (exit 2 or 3) leaves stdout empty but still writes
+each ``-o`` file, as several targets do: SARIF with the error notification and no results, ``json`` the
+several-targets document with ``"reports": []`` and the error in ``errors`` (there is no report to write).
+``sarif`` is one log with one run holding every target's results (paths
 relative to ``--project-root``, default the git top level); ``concise`` sorts all targets' lines together
 under one summary. ``-q/--quiet`` leaves the findings only and ``--statistics`` prints the findings per rule
 instead, in the human formats (``text``, ``concise``), which are coloured on a terminal without ``NO_COLOR``.
@@ -100,11 +104,13 @@ class _Parser(argparse.ArgumentParser):
 def audit_parser() -> argparse.ArgumentParser:
     """The parser of the audit command (``normaudit [TARGET ...] [options]``)."""
     p = _Parser(prog="normaudit", description="Audit the normalisation layers of a PyTorch model.",
-                epilog="Other commands: 'normaudit rules', 'normaudit explain ID', 'normaudit schema'. "
+                epilog="Other commands: 'normaudit rules', 'normaudit explain ID', 'normaudit schema', "
+                       "'normaudit docs' (generate docs/rules/). "
                        "Settings: [tool.normaudit] in pyproject.toml or normaudit.toml, found from the current "
                        "directory upward; flags override them.")
     p.add_argument("targets", nargs="*", metavar="TARGET",
-                   help="model.py[:factory], package.module:factory, a Hugging Face model directory or config.json "
+                   help="model.py[:factory], package.module:factory, a Hugging Face model directory or config.json, or a "
+                        "checkpoint alone (.safetensors, .pt, .pth, .bin, a sharded index or a directory of them) "
                         "(default: 'targets' from the settings file)")
     p.add_argument("--config", help="the configuration the model is meant to follow (JSON or YAML)")
     p.add_argument("--checkpoint", help="weights to audit together with the model")
@@ -374,13 +380,16 @@ class TargetResult:
     report: Any = None
     status: int = EXIT_OK
     error: Optional[str] = None
+    #: the failure itself, re-raised after the ``-o`` files are written when the run has this one target
+    exception: Optional[BaseException] = None
 
 
 def render_results(fmt: str, results: list[TargetResult], rules: dict, multi: bool, options: Any = None,
                    statistics: bool = False) -> str:
-    """Render the results of a run in one format: one target exactly as its renderer does; several as one
-    document (``json``: an object with ``reports``; ``sarif``: one log with one run holding every target's
-    results, failed targets as its notifications; ``concise``: the lines of all targets sorted together and
+    """Render the results of a run in one format: one target exactly as its renderer does; several, or one
+    that failed, as one document (``json``: an object with ``reports`` and ``errors``; ``sarif``: one log with
+    one run holding every target's results, failed targets as its notifications; ``github``: an ``::error``
+    per failed target; ``concise``: the lines of all targets sorted together and
     one summary). ``options``: :class:`normaudit.render.RenderOptions`; ``statistics``: the human formats
     (text, concise) print the findings per rule instead (:mod:`normaudit.render.statistics`)."""
     from normaudit.render import HUMAN_FORMATS, get_renderer
@@ -401,8 +410,8 @@ def render_results(fmt: str, results: list[TargetResult], rules: dict, multi: bo
 
         return render_many([r.report for r in done], options, failed=len(errors))
     render = get_renderer(fmt)
-    if not multi:
-        return render(done[0].report, rules, options) if done else ""
+    if not multi and done:
+        return render(done[0].report, rules, options)
     if fmt == "json":
         reports = [json.loads(render(r.report, rules)) for r in done]
         summary = {"targets": len(results), "failed": len(errors),
@@ -420,7 +429,7 @@ def render_results(fmt: str, results: list[TargetResult], rules: dict, multi: bo
         return "".join(parts)
     sep = "\n---\n\n" if fmt == "markdown" else "\n"
     text = sep.join(p.rstrip("\n") + "\n" for p in parts if p)
-    if fmt == "text" and not getattr(options, "quiet", False):
+    if fmt == "text" and multi and not getattr(options, "quiet", False):
         totals = [sum(getattr(r.report.summary, k) for r in done) for k in ("errors", "warnings", "infos")]
         text += (f"\n{len(results)} targets ({len(errors)} failed): {totals[0]} error(s), {totals[1]} warning(s), "
                  f"{totals[2]} info\n")
@@ -540,15 +549,15 @@ def _audit_targets(plan_opts: list, rules: dict, baseline: Any, base: Path, time
             report = outcome.report if baseline is None else apply_baseline(outcome.report, baseline, base)
             result.report, result.status = report, exit_status(report, fail_on)
         elif isinstance(outcome.error, UsageError):
-            if not multi:
-                raise outcome.error
             result.status, result.error = EXIT_USAGE, str(outcome.error)
         else:  # one target's internal error must not hide the others
-            if not multi or debug:
+            if debug:
                 raise outcome.error
             result.status, result.error = EXIT_INTERNAL, f"internal error: {_internal_text(outcome.error)}"
+        if not multi:  # said once, by main(), after the -o files are written
+            result.exception = outcome.error
         results.append(result)
-        if result.error:
+        if result.error and multi:
             print(f"normaudit: error: {result.error}", file=sys.stderr)
 
     verbose = bool(args is not None and args.verbose)
@@ -649,8 +658,12 @@ def _cmd_audit(argv: Sequence[str]) -> int:
     with contextlib.redirect_stdout(sys.stderr):
         rendered = [(render_results(spec.fmt, results, rules, multi, opts, args.statistics), spec.path)
                     for spec, opts in zip(outputs, options)]
+    failure = next((r.exception for r in results if r.exception is not None), None)
     for text, path in rendered:
-        _write(text, path)
+        if failure is None or path is not None:  # a failed lone target: stdout stays empty, files are written
+            _write(text, path)
+    if failure is not None:
+        raise failure
     status = max(r.status for r in results)
     if args.write_baseline:
         n = write_baseline(args.write_baseline, [r.report for r in results if r.report is not None])
@@ -669,7 +682,8 @@ def _show_settings(args: argparse.Namespace, settings: Any) -> int:
     flags = {"select": args.select, "ignore": args.ignore, "fail-on": args.fail_on, "dtype": args.dtype,
              "batch-size": args.batch_size, "rules": args.rules, "input-axes": args.input_axes,
              "config": args.config, "baseline": args.baseline, "timeout": args.timeout,
-             "targets": list(args.targets) or None}
+             "targets": list(args.targets) or None, "checkpoint": args.checkpoint, "probe": args.probe or None,
+             "max-params": args.max_params, "jobs": args.jobs}
     sys.stdout.write(show_settings(settings, flags, {"fail-on": "error", "dtype": "float32",
                                                      "timeout": DEFAULT_TIMEOUT}))
     return EXIT_OK

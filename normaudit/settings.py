@@ -301,7 +301,8 @@ def show_settings(settings: Settings, flags: dict[str, Any], defaults: dict[str,
     """The settings in force as TOML text, each key with where its value comes from: a command-line flag,
     the settings file and line, or the default; a key set nowhere is a comment.
 
-    ``flags`` are the keys (file spelling, ``fail-on``) given on the command line, ``defaults`` the values
+    ``flags`` are the keys (file spelling, ``fail-on``) given on the command line (flags that are no settings
+    key, ``checkpoint``, ``probe``, ``max-params``, ``jobs``, are listed after the keys), ``defaults`` the values
     used when neither flag nor file sets a key. Paths from the file are shown relative to the current
     directory, as the run uses them."""
     src = settings.source
@@ -320,5 +321,8 @@ def show_settings(settings: Settings, flags: dict[str, Any], defaults: dict[str,
             rows.append((f"{key} = {_toml_value(defaults[key])}", "default"))
         else:
             rows.append((f"# {key} = (not set)", ""))
+    keys = {info.alias or name for name, info in Settings.model_fields.items()}
+    rows += [(f"{key} = {_toml_value(value)}", f"--{key} (command line only)") for key, value in flags.items()
+             if key not in keys and value not in (None, [], {})]
     width = max(len(r[0]) for r in rows)
     return "\n".join([head] + [f"{text.ljust(width)}  # {where}" if where else text for text, where in rows]) + "\n"

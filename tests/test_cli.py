@@ -6,6 +6,7 @@ runs the installed ``normaudit`` command to check the real process boundary.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -315,3 +316,69 @@ def test_json_stdout_survives_fd_writes_and_torch_logs(tmp_path):
     assert [f["rule_id"] for f in report["findings"]] == ["NK101"]
     assert "FD1 write" in proc.stderr and "py print" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# ----------------------------------------------------------- issue 12 follow-up: failed targets, help
+CRASH = "import os\n\n\ndef build_model():\n    os._exit(7)\n"
+CRASH_TEXT = "crash.py: the model's code ended the process (exit status 7, as os._exit() does) while building the model"
+
+
+def _failed_outputs(capsys, tmp_path, *targets):
+    rc, out, err = run(capsys, *targets, "--format", "concise", "--format", "sarif", "-o", tmp_path / "c.sarif",
+                       "--format", "json", "-o", tmp_path / "c.json", "--isolated", "--no-cache")
+    sarif_log = json.loads((tmp_path / "c.sarif").read_text())
+    return rc, out, err, sarif_log, json.loads((tmp_path / "c.json").read_text())
+
+
+def test_a_lone_failing_target_still_writes_sarif_and_json(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "crash.py").write_text(CRASH)
+    rc, out, err, log, doc = _failed_outputs(capsys, tmp_path, "crash.py")
+    assert (rc, out, err) == (2, "", f"normaudit: error: {CRASH_TEXT}\n")
+    (run_,) = log["runs"]
+    assert run_["results"] == []
+    notification = {"level": "error", "message": {"text": CRASH_TEXT},  # the path said once
+                    "properties": {"target": "crash.py", "exitStatus": 2}}
+    assert run_["invocations"] == [{"executionSuccessful": False, "toolExecutionNotifications": [notification]}]
+    assert doc["reports"] == [] and doc["errors"] == [{"target": "crash.py", "status": 2, "message": CRASH_TEXT}]
+    assert doc["summary"] == {"targets": 1, "failed": 1, "errors": 0, "warnings": 0, "infos": 0}
+    # the same documents as a run of several targets gives
+    rc, out, err, log2, doc2 = _failed_outputs(capsys, tmp_path, "crash.py", "missing.py")
+    assert rc == 2 and out == "No findings. 2 targets failed.\n"
+    assert log2["runs"][0]["invocations"][0]["toolExecutionNotifications"][0] == notification
+    assert log2["runs"][0]["invocations"][0]["toolExecutionNotifications"][1]["message"]["text"] == \
+        "missing.py: no such file or directory"
+    assert doc2["errors"][0] == doc["errors"][0]
+
+
+def test_a_lone_missing_target_writes_its_error_into_the_files(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc, out, err, log, doc = _failed_outputs(capsys, tmp_path, "missing.py")
+    assert (rc, out, err) == (2, "", "normaudit: error: missing.py: no such file or directory\n")
+    assert log["runs"][0]["invocations"][0]["toolExecutionNotifications"][0]["message"]["text"] == \
+        "missing.py: no such file or directory"
+    assert doc["errors"] == [{"target": "missing.py", "status": 2, "message": "missing.py: no such file or directory"}]
+
+
+def test_help_names_every_target_kind_and_command(capsys):
+    assert main(["--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "or a checkpoint alone (.safetensors, .pt, .pth, .bin, a sharded index or a directory of them)" in out
+    assert ("Other commands: 'normaudit rules', 'normaudit explain ID', 'normaudit schema', 'normaudit docs' "
+            "(generate docs/rules/).") in out
+
+
+def test_readme_usage_block_names_every_flag():
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    if not readme.is_file():
+        pytest.skip("README.md is in the source checkout only")
+    usage = readme.read_text(encoding="utf-8").split("## Usage", 1)[1].split("```")[1]
+    flags = [o for a in cli.audit_parser()._actions for o in a.option_strings]
+    spelled = {o: re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", usage) is not None for o in flags}
+    assert [o for o, found in spelled.items() if not found and not (o.startswith("--") and any(
+        s.startswith("-") and not s.startswith("--") and spelled[s] for s in _aliases(o)))] == []
+
+
+def _aliases(option: str) -> list[str]:
+    action = next(a for a in cli.audit_parser()._actions if option in a.option_strings)
+    return list(action.option_strings)

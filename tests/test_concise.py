@@ -48,18 +48,18 @@ def test_concise_groups_one_fault_over_layers(report, tmp_path):
     report.summary.errors, report.summary.warnings, report.summary.infos = 18, 0, 0
     assert concise.render(report).splitlines() == [
         "models/gpt.py:42:1: NE101 [error] layers.0-17.ln1 (18 modules): eps is 1e-05",
-        "Found 18 findings: 18 errors.",
+        "Found 18 findings (1 line, grouped by layer): 18 errors.",
     ]
 
 
-def test_concise_model_finding_at_the_class_line_and_outside_paths_absolute(report, tmp_path):
+def test_concise_model_finding_at_the_class_line_and_outside_paths_at_the_model(report, tmp_path):
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "gpt.py").write_text("import torch\n\nclass ToyModel:\n    pass\n")
     report.findings[2].source = SourceLocation(file="/opt/lib/modeling.py", line=7)
-    lines = concise.render(report, options=RenderOptions(quiet=True)).splitlines()
-    assert lines == [
-        "/opt/lib/modeling.py:7:1: NX999 [warning] enc.0.norm_b: no eps at all",
+    lines = concise.render(report, options=RenderOptions(quiet=True, project_root=tmp_path)).splitlines()
+    assert lines == [  # a line outside the project is shown at the model, as SARIF shows it
         "models/gpt.py:3:1: NB201 [info] bn: batch of 2 | too small",
+        "models/gpt.py:3:1: NX999 [warning] enc.0.norm_b: no eps at all (library: /opt/lib/modeling.py:7)",
         "models/gpt.py:42:1: NE101 [error] layers.0.ln1: eps is 1e-05, the config says 1e-06",
     ]
 
@@ -145,7 +145,7 @@ def test_cli_concise_quiet_and_statistics(capsys, tmp_path, monkeypatch):
     rc, out, _ = _cli(capsys, "tiny.py", "--format", "concise", *TEST_RULES)
     lines = out.splitlines()
     assert rc == 1
-    assert lines[-1] == "Found 3 findings: 2 errors, 1 warning."
+    assert lines[-1] == "Found 3 findings (2 lines, grouped by layer): 2 errors, 1 warning."
     assert all(ln.startswith("tiny.py:") for ln in lines[:-1]) and len(lines) >= 2
     assert "\x1b[" not in out  # captured stdout is no terminal
     rc, quiet, _ = _cli(capsys, "tiny.py", "--format", "concise", "--quiet", *TEST_RULES)
@@ -185,7 +185,7 @@ EXPECTED = {
     'N01_seq_rmsnorm': [
         "model.py:20:1: NL101 [error] blocks.0-1.norm (2 modules): hand-written RMSNorm `SeqRMSNorm` (mean of squares over the last 2 dims (8x16: sequence, feature), eps 1e-06) takes its statistics over (sequence, feature) of an input laid out as (batch, sequence, feature): the sequence axis is mixed into every position's mean and variance, so one example (or one token) changes the output of the others; size probe: at sequence 8->24, the normalised dims 1 change size with the input",
         "model.py:32:1: NL101 [error] final_norm: hand-written RMSNorm `SeqRMSNorm` (mean of squares over the last 2 dims (8x16: sequence, feature), eps 1e-06) takes its statistics over (sequence, feature) of an input laid out as (batch, sequence, feature): the sequence axis is mixed into every position's mean and variance, so one example (or one token) changes the output of the others; size probe: at sequence 8->24, the normalised dims 1 change size with the input",
-        'Found 3 findings: 3 errors.',
+        'Found 3 findings (2 lines, grouped by layer): 3 errors.',
     ],
     'N02_resolution_tied_ln': [
         'model.py:10:1: NL103 [warning] norm: nn.LayerNorm(normalized_shape=[8, 16, 16], eps=1e-05) normalises (channel, height, width) jointly: the spatial sizes are baked into its shape (and its affine parameters), so the model only accepts inputs of that resolution; size probe: at height 16->24, width 16->24 it raises: RuntimeError: Given normalized_shape=[8, 16, 16], expected input with shape [8, 16, 16], but got input of size torch.Size([2, 8, 24, 24])',
@@ -200,18 +200,18 @@ EXPECTED = {
     ],
     'N10_skip_from_norm': [
         "model.py:10:1: NP102 [error] layers.0-1.norm1 (2 modules): the norm's output is also the skip path of the residual add that follows (x = norm(x); x = x + f(x)), so every block replaces the residual stream with its normalised version: the identity path of the residual connection is lost",
-        'Found 2 findings: 2 errors.',
+        'Found 2 findings (1 line, grouped by layer): 2 errors.',
     ],
     'N12_rms_eps_config': [
         'model.py:27:1: NE101 [error] layers.0-1.input_layernorm (2 modules): eps=1e-06, but rms_norm_eps=1e-05 in config.json',
         'model.py:29:1: NE101 [error] layers.0-1.post_attention_layernorm (2 modules): eps=1e-06, but rms_norm_eps=1e-05 in config.json',
         'model.py:46:1: NE101 [error] norm: eps=1e-06, but rms_norm_eps=1e-05 in config.json',
-        'Found 5 findings: 5 errors.',
+        'Found 5 findings (3 lines, grouped by layer): 5 errors.',
     ],
     'N14_ln_eps_ignored': [
         'model.py:15:1: NE101 [error] layers.0-1.attention_output_norm (2 modules): eps=1e-05, but layer_norm_eps=1e-12 in config.json',
         'model.py:18:1: NE101 [error] layers.0-1.output_norm (2 modules): eps=1e-05, but layer_norm_eps=1e-12 in config.json',
-        'Found 4 findings: 4 errors.',
+        'Found 4 findings (2 lines, grouped by layer): 4 errors.',
     ],
     'N17_eps_fp16': [
         "model.py:17:1: NN101 [warning] norm: norm (PortedLayerNorm) computes the variance in float16 without an upcast: any element above 256 in magnitude squares past float16's maximum 65504, the statistic becomes inf and the row's output collapses to 0 (or NaN)",
@@ -219,23 +219,21 @@ EXPECTED = {
         'Found 2 findings: 1 error, 1 warning.',
     ],
     'N19_gemma_offset_ckpt': [
-        "model.py:23:1: NC101 [error] layers.0.input_layernorm: checkpoint gains are centred near 0 (mean -0.00558, std 0.0545, 50% negative), the layout of a (1 + weight) norm such as Gemma's, but RMSNorm scales by weight: its output is multiplied by ~0 and flips sign feature by feature",
-        "model.py:23:1: NC101 [error] layers.1.input_layernorm: checkpoint gains are centred near 0 (mean -0.00879, std 0.0529, 56% negative), the layout of a (1 + weight) norm such as Gemma's, but RMSNorm scales by weight: its output is multiplied by ~0 and flips sign feature by feature",
-        "model.py:25:1: NC101 [error] layers.0.post_attention_layernorm: checkpoint gains are centred near 0 (mean -0.00769, std 0.0431, 59% negative), the layout of a (1 + weight) norm such as Gemma's, but RMSNorm scales by weight: its output is multiplied by ~0 and flips sign feature by feature",
-        "model.py:25:1: NC101 [error] layers.1.post_attention_layernorm: checkpoint gains are centred near 0 (mean 0.00437, std 0.0441, 41% negative), the layout of a (1 + weight) norm such as Gemma's, but RMSNorm scales by weight: its output is multiplied by ~0 and flips sign feature by feature",
+        "model.py:23:1: NC101 [error] layers.0-1.input_layernorm (2 modules): checkpoint gains are centred near 0 (mean -0.00879..-0.00558, std 0.0529..0.0545, 50..56% negative), the layout of a (1 + weight) norm such as Gemma's, but RMSNorm scales by weight: its output is multiplied by ~0 and flips sign feature by feature",
+        "model.py:25:1: NC101 [error] layers.0-1.post_attention_layernorm (2 modules): checkpoint gains are centred near 0 (mean -0.00769..0.00437, std 0.0431..0.0441, 41..59% negative), the layout of a (1 + weight) norm such as Gemma's, but RMSNorm scales by weight: its output is multiplied by ~0 and flips sign feature by feature",
         "model.py:42:1: NC101 [error] norm: checkpoint gains are centred near 0 (mean 0.000689, std 0.0445, 50% negative), the layout of a (1 + weight) norm such as Gemma's, but RMSNorm scales by weight: its output is multiplied by ~0 and flips sign feature by feature",
-        'Found 5 findings: 5 errors.',
+        'Found 5 findings (3 lines, grouped by layer): 5 errors.',
     ],
     'N23_unbiased_std_ln': [
         "model.py:16:1: NT103 [warning] layers.0-1.norm (2 modules): layers.0-1.norm (HandLayerNorm) normalises by the unbiased (Bessel-corrected, divide by N-1) variance: LayerNorm: (x - mean) / (sqrt(var_unbiased) + eps) * w + b over [feature]. The layer-norm paper and nn.LayerNorm divide by N: with N=16 every output is 0.9682 times nn.LayerNorm's, so weights trained with one do not reproduce the other exactly",
         "model.py:16:1: NT103 [warning] norm: norm (HandLayerNorm) normalises by the unbiased (Bessel-corrected, divide by N-1) variance: LayerNorm: (x - mean) / (sqrt(var_unbiased) + eps) * w + b over [feature]. The layer-norm paper and nn.LayerNorm divide by N: with N=16 every output is 0.9682 times nn.LayerNorm's, so weights trained with one do not reproduce the other exactly",
         'model.py:16:1: NT104 [warning] layers.0-1.norm, norm (3 modules): layers.0-1.norm, norm (HandLayerNorm) adds eps to the standard deviation instead of the variance: LayerNorm: (x - mean) / (sqrt(var_unbiased) + eps) * w + b over [feature]. nn.LayerNorm computes 1/sqrt(var + eps); the two differ wherever the variance is near eps (near-constant rows), and the same eps value means a different amount of damping',
-        'Found 6 findings: 6 warnings.',
+        'Found 6 findings (3 lines, grouped by layer): 6 warnings.',
     ],
     'N26_t5_rms_control': [
         'model.py:22:1: NT101 [info] block.0-2.layer_norm (3 modules): T5StyleLayerNorm is named like a LayerNorm but computes RMSNorm: x / sqrt(mean(x^2) + eps) * w over [feature]. This is the function the model was trained with: keep it, and do not replace the class by nn.LayerNorm',
         'model.py:35:1: NT101 [info] final_layer_norm: T5StyleLayerNorm is named like a LayerNorm but computes RMSNorm: x / sqrt(mean(x^2) + eps) * w over [feature]. This is the function the model was trained with: keep it, and do not replace the class by nn.LayerNorm',
-        'Found 4 findings: 4 info.',
+        'Found 4 findings (2 lines, grouped by layer): 4 info.',
     ],
     'N27_bn_batch1': [
         'model.py:7:1: NB101 [error] 1: BatchNorm1d is trained with a micro-batch of 1: PyTorch raises in training: Expected more than 1 value per channel when training, got input size torch.Size([1, 128]); its batch statistics describe one example, not the data, and differ from the running statistics used in eval',
@@ -259,3 +257,66 @@ def test_concise_reference_case(name, rules, monkeypatch):
     options = {_FLAGS[flag]: value for flag, value in zip(args[::2], args[1::2])}
     report = audit_file("model.py", rules, **options)
     assert concise.render(report).splitlines() == EXPECTED[name]
+
+
+# ------------------------------------------------------------------ issue 12 follow-up: counts, ranges
+def _batch_probe_findings(tmp_path):
+    """NB108 as the batch probe writes it: one finding per layer at one line, measured values differing."""
+    src = SourceLocation(file=str(tmp_path / "models" / "gpt.py"), line=5)
+    measured = [("0.104", "3.82"), ("0.0873", "4.19")]
+    return [Finding(rule_id="NB108", rule_name="batchnorm-couples-examples", category="batchnorm", severity="info",
+                    module=f"layers.{i}.b1",
+                    message=f"measured: with example 0 fixed and the other 3 examples changed, BatchNorm2d's output "
+                            f"for example 0 changed by up to {change} in train mode (values up to {scale}): its "
+                            f"training output depends on the rest of the batch", source=src)
+            for i, (change, scale) in enumerate(measured)]
+
+
+def test_concise_groups_measured_values_per_layer_as_ranges(report, tmp_path):
+    report.findings = _batch_probe_findings(tmp_path)
+    assert concise.render(report).splitlines() == [
+        "models/gpt.py:5:1: NB108 [info] layers.0-1.b1 (2 modules): measured: with example 0 fixed and the other 3 "
+        "examples changed, BatchNorm2d's output for example 0 changed by up to 0.0873..0.104 in train mode (values up "
+        "to 3.82..4.19): its training output depends on the rest of the batch",
+        "Found 2 findings (1 line, grouped by layer): 2 info.",
+    ]
+
+
+def test_findings_differing_in_words_or_at_other_lines_stay_apart(report, tmp_path):
+    first, second = _batch_probe_findings(tmp_path)
+    other_words = second.model_copy(update={"message": second.message.replace("train mode", "eval mode")})
+    other_line = second.model_copy(update={"source": SourceLocation(file=first.source.file, line=6)})
+    for pair in ([first, other_words], [first, other_line]):
+        report.findings = pair
+        lines = concise.render(report).splitlines()
+        assert [ln.split(": measured")[0] for ln in lines[:-1]] == [
+            "models/gpt.py:5:1: NB108 [info] layers.0.b1",
+            f"models/gpt.py:{pair[1].source.line}:1: NB108 [info] layers.1.b1"]
+        assert lines[-1] == "Found 2 findings: 2 info."
+
+
+def test_merge_numbers_keeps_numbers_inside_names_and_words():
+    assert text.merge_numbers(["h.0.ln eps 1e-05 at 1.5x", "h.0.ln eps 1e-06 at 1.5x"]) == "h.0.ln eps 1e-06..1e-05 at 1.5x"
+    assert text.merge_numbers(["mean -0.00558, 50% negative", "mean -0.00879, 56% negative"]) == \
+        "mean -0.00879..-0.00558, 50..56% negative"
+
+
+def test_text_quiet_header_says_findings_and_entries(report, tmp_path):
+    report.findings = _layers(tmp_path, 4) + [report.findings[0]]
+    head = text.render(report, options=RenderOptions(quiet=True)).splitlines()[0]
+    assert head == "ERRORS (5 findings in 2 entries)"
+    report.findings = [report.findings[-1]]
+    assert text.render(report, options=RenderOptions(quiet=True)).splitlines()[0] == "ERRORS (1)"
+
+
+def test_summary_says_what_the_baseline_took_out(report, tmp_path):
+    from normaudit.baseline import Baseline, BaselineEntry, apply_baseline, target_key
+
+    key = target_key(report.target.path, tmp_path)
+    entries = [BaselineEntry(target=key, rule_id=f.rule_id, module=f.module) for f in report.findings]
+    all_in = apply_baseline(report, Baseline(findings=entries), tmp_path)
+    assert concise.render(all_in).splitlines() == ["No new findings (3 in the baseline)."]
+    assert "no new findings (3 in the baseline)" in text.render(all_in).splitlines()
+    two_in = apply_baseline(report, Baseline(findings=entries[:2]), tmp_path)
+    assert concise.render(two_in).splitlines()[-1] == "Found 1 new finding (2 in the baseline): 1 warning."
+    assert concise.render(report).splitlines()[-1] == "Found 3 findings: 1 error, 1 warning, 1 info."

@@ -268,7 +268,7 @@ def test_one_fault_in_18_layers_is_one_group_in_text_and_markdown_and_18_entries
                             "(BesselNorm) normalises by the unbiased (Bessel-corrected, divide by N-1) variance")
     at = text.splitlines()[text.splitlines().index(nt[0]) + 1]
     assert at.startswith("      at ") and at.endswith(f"deep_handwritten.py:{var_line}")
-    assert "WARNINGS (18)" in text
+    assert "WARNINGS (18 findings in 1 entry)" in text
     rc, md, err = run(capsys, DEEP, "--isolated", "--format", "markdown")
     rows = [ln for ln in md.splitlines() if "`NT103`" in ln and ln.startswith("|")]
     assert len(rows) == 1 and "| `layers.0-17.input_layernorm` (18 modules) |" in rows[0]

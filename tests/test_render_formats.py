@@ -315,3 +315,33 @@ def test_markdown_blocks_without_norms_draw_nothing(rules):
 def test_markdown_escapes_cells():
     assert markdown.escape_cell("a | b\nc") == "a \\| b<br>c"
     assert markdown.code("x`y") == "``x`y``"
+
+
+# ---------------------------------------------------------------- one place in every format (issue 12)
+def test_library_line_of_a_hugging_face_target_is_placed_alike_in_every_format(tmp_path, monkeypatch, rules):
+    """A finding at a line of transformers' modeling file (outside the project) is shown at the target's
+    config.json in every format; the library line is kept as a note (text, concise, markdown) or a related
+    location (SARIF)."""
+    from normaudit.render import RenderOptions, concise, sarif, text
+
+    project = tmp_path / "proj"
+    (project / "llama").mkdir(parents=True)
+    (project / "llama" / "config.json").write_text("{}\n")
+    library = tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "transformers" / "models" / "llama"
+    monkeypatch.chdir(project)
+    finding = Finding(rule_id="NE103", rule_name="eps-zero", category="eps", severity="error",
+                      module="model.norm", message="LlamaRMSNorm uses eps=0.0",
+                      source=SourceLocation(file=str(library / "modeling_llama.py"), line=297))
+    report = Report(version="0.1.0", target=TargetInfo(path="llama", kind="hf_dir"),
+                    capture=CaptureInfo(method="export", complete=True), model=ModelFacts(class_name="LlamaForCausalLM"),
+                    sites=[], findings=[finding], summary=Summary(sites=0, errors=1, warnings=0, infos=0))
+    options = RenderOptions(project_root=project)
+    note = "(library: transformers/models/llama/modeling_llama.py:297)"
+    assert concise.render(report, options=options).splitlines()[0] == \
+        f"llama/config.json:1:1: NE103 [error] model.norm: LlamaRMSNorm uses eps=0.0 {note}"
+    assert f"      at llama/config.json:1 {note}" in text.render(report, options=options).splitlines()
+    assert f"| `llama/config.json:1` {note} |" in markdown.render(report, rules, options)
+    assert github.render(report, rules, project).startswith("::error file=llama/config.json,line=1,")
+    (result,) = sarif.build_log([report], rules, project)["runs"][0]["results"]
+    assert result["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "llama/config.json"
+    assert result["relatedLocations"][0]["physicalLocation"]["region"]["startLine"] == 297

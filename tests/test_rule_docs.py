@@ -118,6 +118,20 @@ def test_show_settings(capsys, tmp_path, monkeypatch):
     assert capsys.readouterr().out.startswith("# settings file: none (defaults; flags override)\n")
 
 
+def test_show_settings_lists_flags_that_are_no_settings_keys(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--show-settings", "--isolated", "--checkpoint", "w.safetensors", "--probe", "batch",
+                 "--probe", "size", "--max-params", "1000", "-j", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [ln.split() for ln in out[-4:]] == [
+        ["checkpoint", "=", '"w.safetensors"', "#", "--checkpoint", "(command", "line", "only)"],
+        ["probe", "=", '["batch",', '"size"]', "#", "--probe", "(command", "line", "only)"],
+        ["max-params", "=", "1000", "#", "--max-params", "(command", "line", "only)"],
+        ["jobs", "=", "2", "#", "--jobs", "(command", "line", "only)"]]
+    assert main(["--show-settings", "--isolated"]) == 0
+    assert "command line only" not in capsys.readouterr().out
+
+
 def test_docs_command_never_writes_into_an_installed_normaudit(capsys, tmp_path, monkeypatch):
     from normaudit.engine import loader
 

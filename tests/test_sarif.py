@@ -322,7 +322,7 @@ def test_several_reports_make_one_run_with_rules_once_and_failures_as_notificati
     assert [t["target"] for t in run["properties"]["targets"]] == ["models/gpt.py:build_model",
                                                                    "b/models/gpt.py:build_model"]
     assert run["invocations"] == [{"executionSuccessful": False, "toolExecutionNotifications": [
-        {"level": "error", "message": {"text": "bad.py: bad.py:3: SyntaxError"},
+        {"level": "error", "message": {"text": "bad.py:3: SyntaxError"},
          "properties": {"target": "bad.py", "exitStatus": 2}}]}]
 
 

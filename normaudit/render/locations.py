@@ -167,3 +167,20 @@ def anchor_in_root(finding: Finding, report: Report,
     if inside is not None and relative_to_root(inside.file, root) is not None:
         return inside, where
     return where, None
+
+
+def library_path(file: str) -> str:
+    """A library file as people name it: the part after the last ``site-packages``/``dist-packages``
+    directory (``transformers/models/llama/modeling_llama.py``), else ``file`` in posix form."""
+    parts = PurePosixPath(file.replace(os.sep, "/")).parts
+    cut = max((i for i, p in enumerate(parts) if p in ("site-packages", "dist-packages")), default=None)
+    return "/".join(parts[cut + 1:]) if cut is not None and cut + 1 < len(parts) else PurePosixPath(*parts).as_posix()
+
+
+def outside_note(outside: Optional[SourceLocation]) -> str:
+    """`` (library: transformers/models/llama/modeling_llama.py:297)`` for the place outside the project
+    :func:`anchor_in_root` moved a finding from; ``""`` when it moved nothing."""
+    if outside is None:
+        return ""
+    return f" (library: {library_path(outside.file)}" + (f":{outside.line})" if outside.line else ")")
+

@@ -288,6 +288,14 @@ def _descriptors(rules: dict[str, Rule], reports: Sequence[Report]) -> tuple[lis
     return descriptors, index
 
 
+def _error_text(error: dict[str, Any]) -> str:
+    """The notification text of a failed target: its message, prefixed with the target unless the message
+    already starts with the target's file (``crash.py: the model's code ended ...`` names it once)."""
+    target, message = error["target"], error.get("message") or "failed"
+    file = re.split(r":(?![\\/])", target, maxsplit=1)[0]
+    return message if file and message.startswith(file) else f"{target}: {message}"
+
+
 def build_log(reports: Sequence[Report], rules: dict[str, Rule], root: Optional[Path] = None,
               errors: Iterable[dict[str, Any]] = (), version: Optional[str] = None) -> dict[str, Any]:
     """The SARIF log of one invocation as a JSON-ready dict: one run holding every report's results.
@@ -308,7 +316,7 @@ def build_log(reports: Sequence[Report], rules: dict[str, Rule], root: Optional[
         targets.append(_target_properties(report, target))
         results += [_result(f, report, index, root, target) for f in report.findings]
     errors = list(errors)
-    notifications = [{"level": "error", "message": {"text": f"{e['target']}: {e.get('message') or 'failed'}"},
+    notifications = [{"level": "error", "message": {"text": _error_text(e)},
                       "properties": {"target": e["target"], "exitStatus": e.get("status")}} for e in errors]
     invocation: dict[str, Any] = {"executionSuccessful": not errors}
     if notifications:

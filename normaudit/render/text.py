@@ -6,6 +6,7 @@ import os
 import re
 import unicodedata
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 from pydantic import BaseModel
@@ -156,24 +157,53 @@ def module_span(modules: list[str]) -> str:
     return ", ".join(spans[:3] + ([".."] if len(spans) > 3 else []))
 
 
+#: A number standing alone in a message (``0.104``, ``-3``, ``1e-05``), not one inside a module path or a word.
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?!\w|\.\w)")
+
+
+def _shape(text: Optional[str]) -> Optional[str]:
+    """``text`` with its numbers taken out: messages that differ only in measured values group together."""
+    return text if text is None else _NUMBER.sub("#", text)
+
+
+def merge_numbers(texts: list[str]) -> str:
+    """One text for several that differ only in their numbers (:data:`_NUMBER`): each number that differs
+    is written as its range, smallest to largest as the texts spell them (``up to 0.0873..0.104``).
+
+    >>> merge_numbers(["changed by 0.104 (values 3.82)", "changed by 0.0873 (values 3.82)"])
+    'changed by 0.0873..0.104 (values 3.82)'
+    """
+    columns = list(zip(*(_NUMBER.findall(t) for t in texts)))
+    pieces = _NUMBER.split(texts[0])
+    out = [pieces[0]]
+    for column, piece in zip(columns, pieces[1:]):
+        values = sorted(set(column), key=float)
+        out.append(values[0] if len(values) == 1 else f"{values[0]}..{values[-1]}")
+        out.append(piece)
+    return "".join(out)
+
+
 def group_findings(findings: list[Finding]) -> list[FindingGroup]:
     """Group findings (in order of first appearance) by rule, severity, source line, and message and fix
-    with the module path taken out; each group keeps every finding (JSON keeps one entry per module)."""
+    with the module path and the numbers taken out (one fault over many layers, measured values differing
+    per layer); each group keeps every finding (JSON keeps one entry per module). A group's message names
+    the span of modules and the range of each number that differs (:func:`merge_numbers`)."""
     groups: dict[tuple, list[Finding]] = {}
     for f in findings:
         src = (f.source.file, f.source.line) if f.source is not None else None
-        key = (f.rule_id, f.severity, f.category, src, _generic(f.message, f.module), _generic(f.fix, f.module))
+        key = (f.rule_id, f.severity, f.category, src, _shape(_generic(f.message, f.module)),
+               _shape(_generic(f.fix, f.module)))
         groups.setdefault(key, []).append(f)
     out = []
     for members in groups.values():
         first = members[0]
-        label = module_span([f.module for f in members]) if len(members) > 1 else (first.module or "<root>")
-        pattern = _module_pattern(first.module) if len(members) > 1 else None
-        if pattern is not None:
-            message = pattern.sub(lambda _: label, first.message)
-            fix = pattern.sub(lambda _: label, first.fix) if first.fix else first.fix
-        else:
-            message, fix = first.message, first.fix
+        if len(members) == 1:
+            out.append(FindingGroup(findings=members, label=first.module or "<root>", message=first.message,
+                                    fix=first.fix))
+            continue
+        label = module_span([f.module for f in members])
+        message = merge_numbers([_generic(f.message, f.module) for f in members]).replace("\0", label)
+        fix = merge_numbers([_generic(f.fix, f.module) for f in members]).replace("\0", label) if first.fix else first.fix
         out.append(FindingGroup(findings=members, label=label, message=message, fix=fix))
     return out
 
@@ -252,22 +282,36 @@ def _weights_section(report: Report) -> list[str]:
     return out
 
 
-def findings_section(report: Report, color: bool = False) -> list[str]:
+def findings_section(report: Report, color: bool = False, root: Optional[Path] = None) -> list[str]:
     """The findings of an (escaped) report by severity, each group of one fault over many modules
-    (:func:`group_findings`) as one entry with its place and fix; ``["no findings"]`` when there is none."""
+    (:func:`group_findings`) as one entry with its place and fix; ``["no findings"]`` when there is none.
+    A place outside ``root`` (the project root, default :func:`normaudit.render.locations.project_root`),
+    such as a library's modeling file, is shown at the model's place inside it, as SARIF shows it, then
+    ``(library: transformers/models/llama/modeling_llama.py:297)``."""
+    from normaudit.render.locations import anchor_in_root, outside_note, project_root
     from normaudit.render.style import SEVERITY_STYLES, paint
+
+    root = Path(root) if root is not None else project_root()
 
     lines: list[str] = []
     if not report.findings:
-        lines.append("no findings")
+        from normaudit.baseline import baselined_count
+
+        baselined = baselined_count(report)
+        lines.append(f"no new findings ({baselined} in the baseline)" if baselined else "no findings")
     for sev in ("error", "warning", "info"):
         group = [f for f in report.findings if f.severity == sev]
         if not group:
             continue
-        title = f"{sev.upper()}S ({len(group)})" if sev != "info" else f"INFO ({len(group)})"
+        groups = group_findings(group)
+        count = str(len(group)) if len(groups) == len(group) else f"{len(group)} findings in {len(groups)} entr{'y' if len(groups) == 1 else 'ies'}"
+        title = f"{sev.upper()}S ({count})" if sev != "info" else f"INFO ({count})"
         lines.append(paint(title, SEVERITY_STYLES[sev], color))
-        for g in group_findings(group):
-            where = _where(g.first.source)
+        for g in groups:
+            where = ""
+            if g.first.source is not None:
+                shown, outside = anchor_in_root(g.first, report, root)
+                where = _where(shown) + outside_note(outside)
             rule = paint(g.first.rule_id, SEVERITY_STYLES[sev], color)
             lines.append(f"  {rule} [{g.first.category}] {paint(g.count_label, 'bold', color)}: {g.message}")
             if where:
@@ -286,8 +330,9 @@ def render(report: Report, rules=None, options=None) -> str:
     """
     report = escaped_report(report)
     color = bool(getattr(options, "color", False))
+    root = getattr(options, "project_root", None)
     if getattr(options, "quiet", False):
-        body = findings_section(report, color) if report.findings else []
+        body = findings_section(report, color, root) if report.findings else []
         return guard_lines("\n".join(body).rstrip()) + "\n" if body else ""
     lines: list[str] = []
     t = report.target
@@ -337,7 +382,7 @@ def render(report: Report, rules=None, options=None) -> str:
             span = paths[0] if len(paths) == 1 else f"{paths[0]} .. {paths[-1]} (x{len(paths)})"
             lines.append(f"  {cls} {span}: {desc}")
     lines.append("")
-    lines += findings_section(report, color)
+    lines += findings_section(report, color, root)
     for note in report.notes:
         lines.append(f"note: {note}")
     s = report.summary
