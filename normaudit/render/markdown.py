@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 from normaudit.engine.schema import Rule
@@ -67,6 +68,16 @@ def _location(source: Optional[SourceLocation]) -> str:
         return "—"
     path, _ = source_path(source.file)
     return code(f"{path}:{source.line}" if source.line else path)
+
+
+def _placed(finding: Finding, report: Optional[Report], root: Path) -> str:
+    """The location cell of a finding: its source, moved inside ``root`` as :func:`_findings_table` says."""
+    from normaudit.render.locations import anchor_in_root, outside_note
+
+    if report is None or finding.source is None or not finding.source.file:
+        return _location(finding.source)
+    shown, outside = anchor_in_root(finding, report, root)
+    return _location(shown) + escape_cell(outside_note(outside))
 
 
 def _module(module: str) -> str:
@@ -128,9 +139,14 @@ def _summary(report: Report) -> list[str]:
 # ------------------------------------------------------------------------------------------ findings
 
 
-def _findings_table(findings: list[Finding]) -> list[str]:
+def _findings_table(findings: list[Finding], report: Optional[Report] = None, root: Optional[Path] = None) -> list[str]:
     """One row per group of findings (:func:`normaudit.render.text.group_findings`: the same fault in many
-    modules is one row naming them all, ``layers.0-17.ln`` (18 modules))."""
+    modules is one row naming them all, ``layers.0-17.ln`` (18 modules)). With ``report``, a place outside
+    ``root`` (a library's file) is shown at the model's place inside it, as SARIF shows it, then
+    ``(library: transformers/models/llama/modeling_llama.py:297)``."""
+    from normaudit.render.locations import project_root
+
+    root = Path(root) if root is not None else project_root()
     ordered = sorted(findings, key=lambda f: (-SEVERITY_RANK[f.severity], f.rule_id, f.module))
     groups = group_findings(ordered)
     lines = ["| Severity | Rule | Module | Message | Location |", "|---|---|---|---|---|"]
@@ -142,7 +158,7 @@ def _findings_table(findings: list[Finding]) -> list[str]:
         module = _module(f.module) if len(g.findings) == 1 else f"{code(g.label)} ({len(g.findings)} modules)"
         lines.append(
             f"| {_SEVERITY_ICON[f.severity]} {_SEVERITY_LABEL[f.severity]} | `{f.rule_id}` {f.rule_name} "
-            f"| {module} | {message} | {_location(f.source)} |")
+            f"| {module} | {message} | {_placed(f, report, root)} |")
     if len(groups) > MAX_FINDING_ROWS:
         rest = sum(len(g.findings) for g in groups[MAX_FINDING_ROWS:])
         lines.append("")
@@ -384,7 +400,7 @@ def render(report: Report, rules: dict[str, Rule], options=None) -> str:
                 for i, note in enumerate(report.notes)]
     out += ["", "### Findings", ""]
     if report.findings:
-        out += _findings_table(report.findings)
+        out += _findings_table(report.findings, report, getattr(options, "project_root", None))
         section = _rules_section(report.findings, rules)
         if section:
             out += [""] + section
