@@ -86,7 +86,7 @@ def _stat_panel(ax, sites: list[Site]) -> None:
                       gid=f"eps10-{i}")
     ax.set_yscale("log")
     ax.set_ylabel("input variance / mean square")
-    ax.set_title("input statistic (min-max, dot = median) vs eps (solid) and 10*eps (dashed)", fontsize=9)
+    ax.set_title("input statistic (min-max, dot = median) vs eps (solid) and 10*eps (dashed); x = inf/NaN", fontsize=9)
 
 
 def _output_panel(ax, sites: list[Site]) -> None:
@@ -123,8 +123,9 @@ def _figure(report: Report, sites: list[Site]):
     if bad is not None:
         for ax in (top, bottom):
             ax.axvspan(bad - 0.5, bad + 0.5, color=_RED, alpha=0.15, gid="first-nonfinite" if ax is top else None)
-        top.text(bad, 0.97, f"first non-finite: {labels[bad]}", transform=top.get_xaxis_transform(),
-                 ha="left" if bad < n / 2 else "right", va="top", fontsize=8, color=_RED)
+        top.text(bad, 0.5, f"first non-finite: {labels[bad]}", transform=top.get_xaxis_transform(),
+                 ha="left" if bad < n / 2 else "right", va="center", fontsize=8, color=_RED,
+                 bbox={"facecolor": "white", "edgecolor": _RED, "linewidth": 0.5})
         bottom.get_xticklabels()[bad].set_color(_RED)
     n_info = report.numerics
     if n_info is not None:
