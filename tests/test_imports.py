@@ -126,7 +126,7 @@ def test_nested_package_parent_relative_and_lazy_sibling_imports(tmp_path, monke
                      "top/sub/layers.py": layers, "top/sub/model.py": model})
     plan = import_plan(tmp_path / "top/sub/model.py")
     assert (plan.module_name, plan.package) == ("top.sub.model", "top.sub")
-    assert plan.search_paths == (str((tmp_path / "top/sub").resolve()), str(tmp_path.resolve()))
+    assert plan.search_paths == (str(tmp_path.resolve()), str((tmp_path / "top/sub").resolve()))
     monkeypatch.chdir(tmp_path)
     rc, doc, err = _json(capsys, "top/sub/model.py")
     assert "error" not in err and rc == 1
@@ -203,3 +203,15 @@ def test_model_file_the_package_imports_itself_runs_once(tmp_path, monkeypatch, 
     rc, doc, err = _json(capsys, "selfpkg/model.py")
     assert rc == 1 and _ne103(doc) == [("1", "selfpkg/model.py", 3)]
     assert (tmp_path / "selfpkg/model.py.runs").read_text() == "run\n"
+
+
+def test_package_root_comes_before_a_module_of_the_package_name_beside_the_file(tmp_path, monkeypatch, capsys):
+    # top/shadow/model.py is top.shadow.model; the module top/shadow/top.py beside it must not hide package top.
+    _tree(tmp_path, {"top/__init__.py": "", "top/shadow/__init__.py": "", "top/shadow/top.py": "",
+                     "top/shadow/consts.py": "EPS = 0.0\n", "top/shadow/model.py": PACKAGED})
+    assert import_plan(tmp_path / "top/shadow/model.py").search_paths == (
+        str(tmp_path.resolve()), str((tmp_path / "top/shadow").resolve()))
+    monkeypatch.chdir(tmp_path)
+    rc, doc, err = _json(capsys, "top/shadow/model.py")
+    assert "error" not in err and rc == 1
+    assert _ne103(doc) == [("1", "top/shadow/model.py", 3)]

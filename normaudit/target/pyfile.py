@@ -115,8 +115,9 @@ class ImportPlan:
     ``path``: the file, resolved. ``package``: the dotted name of the package it belongs to (its folder has
     an ``__init__.py``; the root is found by walking up the ``__init__.py`` files, as pytest does) or None
     for a loose file. ``module_name``: the name it is imported under (``mypkg.model``; a hashed private name
-    for a loose file). ``search_paths``: what goes on ``sys.path`` for the import and the whole audit: the
-    file's folder (``python model.py`` does so) and, for a package, the parent of the package root.
+    for a loose file). ``search_paths``: what goes on ``sys.path`` (in this order) for the import and the
+    whole audit: for a package, the parent of the package root (so its name finds this package before a
+    module of that name beside the file); then the file's folder (``python model.py`` puts it there).
     """
 
     path: Path
@@ -139,7 +140,7 @@ def import_plan(path: Path) -> ImportPlan:
         name = "normaudit_target_" + hashlib.sha1(str(resolved).encode()).hexdigest()[:12]
         return ImportPlan(resolved, name, None, (str(resolved.parent),))
     package = ".".join(parts if resolved.name == "__init__.py" else parts[:-1])
-    paths = tuple(dict.fromkeys((str(resolved.parent), str(root))))
+    paths = (str(root), str(resolved.parent))
     return ImportPlan(resolved, ".".join(parts), package, paths)
 
 
@@ -176,7 +177,7 @@ def _package_clash(plan: ImportPlan) -> Optional[str]:
     mod = sys.modules.get(top)
     if mod is None:
         return None
-    root = Path(plan.search_paths[-1]) / top
+    root = Path(plan.search_paths[0]) / top
     locations = [Path(p).resolve() for p in getattr(mod, "__path__", None) or []]
     if root.resolve() in locations:
         return None
@@ -196,7 +197,7 @@ def import_file(path: Path) -> ModuleType:
     clash = _package_clash(plan) if plan.package else None
     if clash:
         plan = ImportPlan(plan.path, "normaudit_target_" + hashlib.sha1(str(plan.path).encode()).hexdigest()[:12],
-                          None, plan.search_paths[:1])
+                          None, plan.search_paths[1:])
     old_dont_write = sys.dont_write_bytecode
     sys.dont_write_bytecode = True
     phase("import")
