@@ -70,6 +70,19 @@ def checkpoint_path(opts: AuditOptions, mua: ModelUnderAudit) -> Optional[str]:
     return None
 
 
+#: ``torch.manual_seed`` of inferred inputs (random token ids, pixel values): the same inputs on every run, so
+#: a data-dependent branch, a probe's measurement and a report do not change between runs
+INPUT_SEED = 0
+
+
+def _inferred_inputs(model: Any) -> tuple[Any, str]:
+    """:func:`normaudit.target.inputs.infer_inputs` under :data:`INPUT_SEED`, the caller's RNG state kept
+    (``torch.random.fork_rng``). Raises ValueError as ``infer_inputs`` does."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(INPUT_SEED)
+        return infer_inputs(model)
+
+
 def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule], ckpt: Any) -> Report:
     dtype = DTYPES[opts.dtype]
     inputs = mua.inputs
@@ -77,7 +90,7 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
     if inputs is None:
         phase("inputs")
         try:
-            inputs, assumed = infer_inputs(mua.model)
+            inputs, assumed = _inferred_inputs(mua.model)
         except ValueError as err:
             raise UsageError(str(err), file=opts.target) from err
     own = model_configs(mua.model)

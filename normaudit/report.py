@@ -272,7 +272,8 @@ class NumericsReport(_Model):
     notes: list[str] = Field(default_factory=list)
     #: ``torch.manual_seed`` the run was made under (random weights, ``example_inputs()``, dropout)
     seed: Optional[int] = None
-    #: ``example_inputs()`` was called again under ``seed`` (False: the audit's inputs, e.g. inferred ones)
+    #: ``example_inputs()`` was called again under ``seed`` (False: the audit's inputs; inferred inputs are
+    #: always made under ``normaudit.audit.INPUT_SEED``)
     inputs_seeded: bool = False
 
 

@@ -334,3 +334,18 @@ def test_backward_line_says_no_non_finite_gradient(rules):
     line = next(ln for ln in render(bad).splitlines() if ln.startswith("  backward:"))
     assert line == (f"  backward: loss nan, first non-finite gradient at blocks.3.proj, "
                     f"{bad.numerics.grad_nonfinite_param_count} parameter(s) with non-finite gradients")
+
+
+def test_inferred_inputs_are_the_same_on_every_run_and_keep_the_callers_rng():
+    from normaudit.audit import _inferred_inputs
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    torch.manual_seed(123)
+    first, _ = _inferred_inputs(model)
+    after_first = torch.rand(1)
+    torch.manual_seed(456)
+    second, _ = _inferred_inputs(model)
+    torch.manual_seed(123)
+    assert torch.equal(torch.rand(1), after_first)       # the caller's RNG is where it would be without us
+    a, b = (first[0], second[0]) if isinstance(first, tuple) else (first, second)
+    assert torch.equal(a, b)
