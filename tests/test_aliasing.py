@@ -185,3 +185,80 @@ def test_norm_returning_its_own_tensor_mutated_in_place_is_final(placement_rules
     assert [(s.module, s.placement) for s in report.sites] == [("blocks.0.ln", "pre"), ("blocks.1.ln", "pre"),
                                                                ("norm", "final")]
     assert not _np108(report) and report.model.has_final_norm is True
+
+
+# -- torch.export -------------------------------------------------------------------------------------------
+def _alias_facts(model, inputs, method, dtype=torch.float32):
+    """capture with ``method`` alone -> thread/untangle in-place reads -> sites -> placement -> aliasing:
+    ``({module: (placement, consumers as (module, op, line), alias_dtypes)}, model placement)``."""
+    from normaudit.capture import capture_model
+    from normaudit.facts import ModelFacts
+    from normaudit.facts import aliasing, placement
+    from normaudit.facts.sites import discover_sites
+
+    cap = capture_model(model, inputs, on_meta=False, methods=(method,), dtype=dtype)
+    assert cap.gm is not None and cap.method == method, cap.attempts
+    aliasing.thread_inplace(cap.gm, cap.modules)
+    records = discover_sites(cap)
+    facts = ModelFacts(class_name=type(model).__name__)
+    placement.analyse(cap, records, facts)
+    aliasing.analyse(cap, records)
+    out = {}
+    for r in records:
+        fact = r.site.extra.get("inplace_alias")
+        readers = [(c["module"], c["op"], c["source"]["line"]) for c in fact["consumers"]] if fact else None
+        out[r.site.module] = (r.site.placement, readers, fact["alias_dtypes"] if fact else None)
+    return out, facts.placement
+
+
+@pytest.mark.parametrize("name", ["NP108_1", "NP108_2", "NP108_3"])
+def test_export_finds_the_same_aliases_and_placements(name):
+    """torch.export follows storage (after the norm's ``mul_`` the caller's reads of its tensor read the
+    in-place node: the residual add read post-LN); untangling them gives the traced graph's answer."""
+    fixture = load_fixture_module(FIXTURES / f"{name}.py")
+    torch.manual_seed(0)
+    traced = _alias_facts(fixture.build_model(), fixture.example_inputs(), "symbolic_trace")
+    exported = _alias_facts(fixture.build_model(), fixture.example_inputs(), "export")
+    assert exported == traced
+
+
+def test_export_np108_1_exact():
+    fixture = load_fixture_module(FIXTURES / "NP108_1.py")
+    got, placement = _alias_facts(fixture.build_model(), fixture.example_inputs(), "export")
+    assert placement == "pre"
+    assert got["layers.0.input_layernorm"] == ("pre", [("layers.0", "add", 38)], ["float32"])
+    assert got["layers.1.post_attention_layernorm"] == ("pre", [("layers.1", "add", 40)], ["float32"])
+    assert got["norm"] == ("final", None, None)
+    bf16, placement = _alias_facts(fixture.build_model(), fixture.example_inputs(), "export", torch.bfloat16)
+    assert placement == "pre" and all(readers is None for _, readers, _ in bf16.values())
+
+
+@pytest.mark.parametrize("how,found", [("view", True), ("out", True), ("imul", True), ("clone", False),
+                                       ("plain", False)])
+def test_export_other_spellings(how, found):
+    """The norm's output is a new tensor (``x * self.weight``) here: the caller's read of the overwritten
+    ``h`` reads an in-place node inside the norm in the export graph, no parent trace needed."""
+    got, _ = _alias_facts(_Residual(how), (torch.randn(2, 3, 8),), "export")
+    assert got["norm"][1] == ([("", "add", 108)] if found else None)
+
+
+class _SkipFromInplaceNorm(nn.Module):
+    """``x = norm(x); x + fc(x)`` with nano-vllm's in-place RMSNorm: the caller rebinds ``x`` to the result,
+    so the overwritten tensor is read by no one (skip-from-norm by design; TN on both capture methods)."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.norm = load_fixture_module(FIXTURES / "NP108_1.py").RMSNorm(d)
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        x = self.norm(x * 2.0)
+        return x + self.fc(x)
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_rebinding_the_result_of_an_inplace_norm_is_silent(method):
+    got, _ = _alias_facts(_SkipFromInplaceNorm(), (torch.randn(2, 3, 8),), method)
+    assert got["norm"][1] is None
+    traced, _ = _alias_facts(_SkipFromInplaceNorm(), (torch.randn(2, 3, 8),), "symbolic_trace")
+    assert got == traced

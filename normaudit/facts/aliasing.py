@@ -29,8 +29,21 @@ Two steps, both over the captured graph:
 
 A mutation of a parameter or buffer (a hand-written BatchNorm updating ``running_mean`` in place) is no
 alias of an activation and is ignored; so is an in-place op on a tensor the norm made itself (a copy).
-Exported graphs are functionalised (no in-place nodes remain, later reads see the new value), so there
-the fact is not computed.
+
+Under torch.export (``strict=False``, before decompositions) the in-place aten ops stay in the graph
+(``aten.mul_.Tensor``; ``aten.mul.out`` with ``out=``; ``aten.to.dtype`` for a same-dtype ``.float()``), but
+the graph follows storage, not names: after the norm's ``x.mul_(...)`` every later read of the caller's tensor
+reads the in-place node, so the residual add reads the norm's result and the block looks post-LN / skip-from-
+norm. :func:`untangle_export` (run by :func:`thread_inplace` on an aten graph) points those reads back at the
+overwritten tensor: readers outside the module of an in-place result that is not the call's last node
+directly; when the norm's output *is* the overwritten tensor (``x.to(dtype).mul_(self.weight)``), the graph
+alone cannot tell the caller's reads of its ``x`` from reads of ``norm(x)``, so the parent module is traced
+alone with the norm kept a leaf (:func:`caller_reads`) and the export readers matching the parent's reads of
+the norm's argument (by op for the parent's own ops, by direct child module otherwise) are rewired. Then
+:func:`analyse` works as on a traced graph. Not covered on export: a parent that cannot be traced alone
+(data-dependent control flow) while the norm's output is the overwritten tensor (no finding, no rewiring),
+and inline hand-written norms in a bigger forward (no module boundary in the export graph: their in-place
+ops stay as export recorded them).
 """
 from __future__ import annotations
 
@@ -51,7 +64,10 @@ _VIEW_OPS = {"view", "view_as", "reshape", "reshape_as", "contiguous", "detach",
              "select", "movedim", "getitem", "unfold", "as_strided", "diagonal", "split", "chunk", "unbind"}
 _CAST_METHODS = {"float", "half", "bfloat16", "double", "to", "type_as", "type"}
 #: metadata reads: reading ``x.shape`` after the op reads no overwritten values
-_METADATA = {"size", "dim", "numel", "stride", "getattr", "is_contiguous", "element_size", "data_ptr"}
+_METADATA = {"size", "dim", "numel", "stride", "getattr", "is_contiguous", "element_size", "data_ptr",
+             "_assert_tensor_metadata", "sym_size", "sym_stride", "sym_numel"}
+#: torch.export's placeholder prefixes for parameters, buffers and lifted constants (not activations)
+_STATE_PREFIXES = ("p_", "b_", "c_")
 _FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 #: ``x *= y`` and friends: in place on a tensor (fx rebinds ``x`` to the result, the caller's alias is not)
 _PY_INPLACE = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.ipow,
@@ -108,10 +124,19 @@ def is_inplace(node: fx.Node) -> bool:
         return True
     if node.op == "call_function" and node.target in _PY_INPLACE:
         return bool(node.args) and isinstance(node.args[0], fx.Node) and dtype(node.args[0]) is not None
+    if node.op == "call_function":
+        name = _aten_name(node)  # torch.export keeps in-place aten ops (aten.mul_.Tensor) in its graph
+        return name.endswith("_") and not name.startswith("_") and name not in _NOT_VALUES
     if node.op != "call_method":
         return False
     name = str(node.target)
     return name.endswith("_") and not name.startswith("_") and name not in _NOT_VALUES
+
+
+def _aten_name(node: fx.Node) -> str:
+    """The aten op's name without overload (``mul_`` for ``aten.mul_.Tensor``); '' for other targets."""
+    packet = getattr(node.target, "_overloadpacket", None)
+    return packet.__name__ if packet is not None else ""
 
 
 def _mutated(node: fx.Node) -> Optional[fx.Node]:
@@ -123,12 +148,16 @@ def _mutated(node: fx.Node) -> Optional[fx.Node]:
 
 
 def _cast(node: fx.Node) -> bool:
+    if node.op == "call_function":
+        return _aten_name(node) in ("to", "type_as")  # aten.to.dtype returns self for the same dtype
     return node.op == "call_method" and str(node.target) in _CAST_METHODS
 
 
 def _alias_step(node: fx.Node) -> Optional[fx.Node]:
     """The tensor ``node`` shares storage with (its first argument), or None when it is a fresh tensor: a
     cast to another dtype copies; a cast to the same dtype (in this graph) returns its input."""
+    if isinstance(node.kwargs.get("out"), fx.Node):
+        return node.kwargs["out"]  # ``torch.mul(x, r, out=x)`` returns its ``out`` tensor
     if node.op not in ("call_method", "call_function") or not node.args or not isinstance(node.args[0], fx.Node):
         return None
     src = node.args[0]
@@ -141,7 +170,7 @@ def _alias_step(node: fx.Node) -> Optional[fx.Node]:
         return src if a is not None and a == b else None
     if node.op == "call_function" and node.target is operator.getitem:
         return src if op_name(src) in _VIEW_OPS or dtype(src) is not None else None
-    name = str(node.target) if node.op == "call_method" else getattr(node.target, "__name__", "")
+    name = str(node.target) if node.op == "call_method" else (_aten_name(node) or getattr(node.target, "__name__", ""))
     return src if name in _VIEW_OPS or op_name(node) in ("view", "transpose") else None
 
 
@@ -154,7 +183,10 @@ def thread_inplace(gm: fx.GraphModule, modules: dict) -> int:
     object, so the graph computes what it did. Rewired: every later read of a tensor the mutating module made
     itself (its output, read by the caller), and the mutating module's own later reads of a tensor made
     outside it; the caller's later reads of its own tensor stay (they are the aliasing :func:`analyse`
-    reports). Returns the number of reads rewired; recompiles ``gm`` when any."""
+    reports). A torch.export graph (aten ops) goes to :func:`untangle_export` instead. Returns the number of
+    reads rewired; recompiles ``gm`` when any."""
+    if any(_aten_name(n) for n in gm.graph.nodes):
+        return untangle_export(gm, modules)
     mark_augmented(gm)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     changed = 0
@@ -170,6 +202,98 @@ def thread_inplace(gm: fx.GraphModule, modules: dict) -> int:
                 continue
             if own or (user.op != "output" and _within(owner(user, modules), scope)):
                 user.replace_input_with(target, node)
+                changed += 1
+    if changed:
+        gm.recompile()
+    return changed
+
+
+def _call_end(node: fx.Node, scope: str, modules: dict) -> fx.Node:
+    """The last node of the contiguous run of ``scope``'s nodes holding ``node``: the module call's output."""
+    end = node
+    while end.next.op != "root" and end.next.op != "output" and _within(owner(end.next, modules), scope):
+        end = end.next
+    return end
+
+
+def _reader_key(user: fx.Node, parent: str, modules: dict) -> Optional[tuple]:
+    """``("op", name)`` for a reader computed by ``parent`` itself, ``("module", child)`` for one inside its
+    direct child ``child``; None for a reader elsewhere."""
+    where = owner(user, modules)
+    if where == parent:
+        return ("op", op_name(user))
+    rest = where[len(parent) + 1:] if parent else where
+    if parent and not where.startswith(parent + "."):
+        return None
+    return ("module", rest.split(".")[0]) if rest else None
+
+
+def caller_reads(modules: dict, scope: str) -> Optional[set]:
+    """What the caller of the module ``scope`` reads of the tensor it passed to it, after the call: the
+    parent module symbolically traced alone, ``scope`` kept a leaf; the readers of the call's argument after
+    the call, as :func:`_reader_key` keys, less those that also read the call's result (ambiguous). None when
+    the parent does not trace (data-dependent control flow) or never calls ``scope`` with a tensor."""
+    parent, _, name = scope.rpartition(".")
+    module = modules.get(parent)
+    if module is None or not name:
+        return None
+
+    class _Leaf(fx.Tracer):
+        def is_leaf_module(self, m, qualified_name):
+            return qualified_name == name or super().is_leaf_module(m, qualified_name)
+
+    try:
+        graph = _Leaf().trace(module)
+    except Exception:  # noqa: BLE001 - a parent that cannot be traced alone: no answer, no finding
+        return None
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    keys: set = set()
+    calls = [n for n in graph.nodes if n.op == "call_module" and n.target == name]
+    for call in calls:
+        if not call.args or not isinstance(call.args[0], fx.Node):
+            continue
+        later = [u for u in call.args[0].users if order[u] > order[call]]
+        def key(u):
+            return ("module", str(u.target).split(".")[0]) if u.op == "call_module" else ("op", op_name(u))
+        keys |= {key(u) for u in later} - {key(u) for u in call.users}
+    return keys if calls else None
+
+
+def untangle_export(gm: fx.GraphModule, modules: dict) -> int:
+    """In a torch.export graph, point the caller's reads of a tensor a module overwrote in place back at
+    that tensor, as the source reads it (the export graph follows storage: after ``x.mul_(...)`` inside a
+    norm, every later read of the caller's ``x`` reads the in-place node). Rewired: outside readers of an
+    in-place result (or no-op cast/view of one) that is not the module call's last node, and, when the call's
+    output is itself the overwritten tensor, the readers :func:`caller_reads` names (the parent traced
+    alone). :func:`analyse` then finds them as readers of the overwritten tensor, as on a traced graph.
+    Parameters, buffers and constants (placeholders ``p_``/``b_``/``c_``) are left alone. Returns the
+    number of reads rewired; recompiles ``gm`` when any."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    changed, cache = 0, {}
+    for node in list(gm.graph.nodes):
+        target = _mutated(node) if _aten_name(node) and is_inplace(node) else None
+        if target is None:
+            continue
+        scope = owner(node, modules)
+        root, _ = _root(target)
+        if root.op == "get_attr" or (root.op == "placeholder" and root.name.startswith(_STATE_PREFIXES)):
+            continue
+        if not scope or (root.op != "placeholder" and _within(owner(root, modules), scope)):
+            continue  # a tensor the module made itself
+        end = _call_end(node, scope, modules)
+        for alias in sorted(_aliases(root), key=order.get):
+            if alias is root or order[alias] < order[node] or not _within(owner(alias, modules), scope):
+                continue
+            for user in list(alias.users):
+                if _within(owner(user, modules), scope) or user.op == "output":
+                    continue
+                if alias is end:
+                    if scope not in cache:
+                        cache[scope] = caller_reads(modules, scope) or set()
+                    parent = scope.rpartition(".")[0]
+                    if _reader_key(user, parent, modules) not in cache[scope]:
+                        continue
+                user.replace_input_with(alias, root)
                 changed += 1
     if changed:
         gm.recompile()
@@ -282,11 +406,11 @@ def site_alias(cap: Any, rec: Any, order: dict) -> Optional[dict]:
         caller = root.name if root.op == "placeholder" else None
         if not users and caller is None:
             continue
-        name = (str(node.target) if node.op == "call_method" else f"{op_name(node)}(out=)"
+        name = (str(node.target) if node.op == "call_method" else _aten_name(node) if _aten_name(node) else f"{op_name(node)}(out=)"
                 if isinstance(node.kwargs.get("out"), fx.Node) else (_code_line(node) or op_name(node)))
         return {"op": name, "source": _line(node), "mutated": root.name,
                 "consumers": [_describe(u, modules) for u in users], "caller_input": caller,
-                "casts": [str(c.target) for c in casts], "alias_dtypes": _alias_dtypes(casts)}
+                "casts": [_aten_name(c) or str(c.target) for c in casts], "alias_dtypes": _alias_dtypes(casts)}
     return None
 
 
