@@ -188,9 +188,9 @@ def test_norm_returning_its_own_tensor_mutated_in_place_is_final(placement_rules
 
 
 # -- torch.export -------------------------------------------------------------------------------------------
-def _alias_facts(model, inputs, method, dtype=torch.float32):
-    """capture with ``method`` alone -> thread/untangle in-place reads -> sites -> placement -> aliasing:
-    ``({module: (placement, consumers as (module, op, line), alias_dtypes)}, model placement)``."""
+def _pipeline(model, inputs, method, dtype=torch.float32):
+    """capture with ``method`` alone -> thread/untangle in-place reads -> sites -> placement -> aliasing;
+    returns ``(records, model facts)``."""
     from normaudit.capture import capture_model
     from normaudit.facts import ModelFacts
     from normaudit.facts import aliasing, placement
@@ -203,6 +203,12 @@ def _alias_facts(model, inputs, method, dtype=torch.float32):
     facts = ModelFacts(class_name=type(model).__name__)
     placement.analyse(cap, records, facts)
     aliasing.analyse(cap, records)
+    return records, facts
+
+
+def _alias_facts(model, inputs, method, dtype=torch.float32):
+    """``({module: (placement, consumers as (module, op, line), alias_dtypes)}, model placement)``."""
+    records, facts = _pipeline(model, inputs, method, dtype)
     out = {}
     for r in records:
         fact = r.site.extra.get("inplace_alias")
@@ -262,3 +268,15 @@ def test_rebinding_the_result_of_an_inplace_norm_is_silent(method):
     assert got["norm"][1] is None
     traced, _ = _alias_facts(_SkipFromInplaceNorm(), (torch.randn(2, 3, 8),), "symbolic_trace")
     assert got == traced
+
+
+def test_np108_fires_on_the_export_capture(placement_rules):
+    from normaudit.engine.evaluator import evaluate
+
+    fixture = load_fixture_module(FIXTURES / "NP108_1.py")
+    records, facts = _pipeline(fixture.build_model(), fixture.example_inputs(), "export")
+    findings = evaluate([placement_rules["NP108"]], [r.site for r in records], facts, {}, None, {})
+    assert sorted(f.module for f in findings) == [f"layers.{i}.{n}" for i in range(2)
+                                                  for n in ("input_layernorm", "post_attention_layernorm")]
+    message = next(f.message for f in findings if f.module == "layers.0.input_layernorm")
+    assert "`.to()` copies nothing for a float32 input" in message and "NP108_1.py:38" in message
