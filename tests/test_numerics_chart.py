@@ -94,6 +94,15 @@ def test_markdown_embeds_the_chart_and_keeps_the_table(overflow, rules):
     assert "First non-finite value produced by `blocks.1.proj`: overflow" in text
 
 
+def test_a_chart_too_large_for_a_comment_is_not_inlined(overflow, rules, monkeypatch):
+    pytest.importorskip("matplotlib")
+    monkeypatch.setattr(numerics_chart, "MAX_INLINE_CHARS", 1000)
+    text = markdown.render(overflow, rules)
+    assert "data:image/svg+xml" not in text
+    assert [line for line in text.splitlines() if "too large to inline" in line][0].startswith("The numerics chart (")
+    assert "| `blocks.0.norm` | 1e-05 | 0.986 / 1.22 / 1.73 | 0% | 3.23 |" in text
+
+
 def test_markdown_links_a_chart_file_beside_it(overflow, rules, tmp_path):
     pytest.importorskip("matplotlib")
     md = tmp_path / "report.md"

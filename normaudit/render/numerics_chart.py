@@ -34,6 +34,9 @@ from normaudit.report import Report, Site
 
 INSTALL_HINT = ("The numerics chart needs matplotlib: `pip install 'normaudit[plot]'`; the table below has the "
                 "same numbers.")
+#: the longest ``data:`` image inlined, in characters: GitHub caps a comment at 65,536 characters; a larger chart
+#: is left to a file beside the Markdown (:func:`write_chart`)
+MAX_INLINE_CHARS = 50_000
 _RED = "#c92a2a"
 _BLUE = "#1c7ed6"
 
@@ -85,6 +88,7 @@ def _stat_panel(ax, sites: list[Site]) -> None:
             ax.hlines(10 * s.eps, i - 0.4, i + 0.4, colors="black", linestyles="dashed", linewidth=0.8,
                       gid=f"eps10-{i}")
     ax.set_yscale("log")
+    ax.minorticks_off()  # minor log ticks are half the SVG's bytes
     ax.set_ylabel("input variance / mean square")
     ax.set_title("input statistic (min-max, dot = median) vs eps (solid) and 10*eps (dashed); x = inf/NaN", fontsize=9)
 
@@ -105,6 +109,7 @@ def _output_panel(ax, sites: list[Site]) -> None:
         ax.text(-0.5, dtype_max, f"dtype max {dtype_max:.4g}", ha="left", va="bottom", fontsize=8,
                 color=_RED)
     ax.set_yscale("log")
+    ax.minorticks_off()
     ax.set_ylabel("output abs-max")
 
 
@@ -146,7 +151,7 @@ def chart_svg(report: Report) -> Optional[str]:
     sites = measured_sites(report)
     if not sites:
         return None
-    with matplotlib.rc_context({"svg.hashsalt": "normaudit", "svg.fonttype": "none", "path.simplify": False}):
+    with matplotlib.rc_context({"svg.hashsalt": "normaudit", "svg.fonttype": "none"}):
         fig = _figure(report, sites)
         buf = io.StringIO()
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": "normaudit (matplotlib)"})
@@ -195,7 +200,8 @@ def markdown_lines(report: Report, chart_file: Optional[str] = None) -> list[str
     """The ``### Numerics`` section: the chart, then the per-site table; empty without a numerics run.
 
     ``chart_file``: the chart's file name relative to the Markdown (written by :func:`write_chart`), linked as an
-    image (what renders on GitHub); None embeds the SVG as a base64 ``data:`` image. Without matplotlib one line
+    image (what renders on GitHub); None embeds the SVG as a base64 ``data:`` image (up to
+    :data:`MAX_INLINE_CHARS`, else one line says so). Without matplotlib one line
     (:data:`INSTALL_HINT`) says how to get the chart, and the table stays.
     """
     from normaudit.render.markdown import code, escape_cell
@@ -221,5 +227,9 @@ def markdown_lines(report: Report, chart_file: Optional[str] = None) -> list[str
             lines += [INSTALL_HINT, ""]
         else:
             data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
-            lines += [f'<img alt="numerics per norm site" src="data:image/svg+xml;base64,{data}">', ""]
+            if len(data) > MAX_INLINE_CHARS:
+                lines += [f"The numerics chart ({len(data):,} characters) is too large to inline; write it beside "
+                          "the Markdown with `normaudit.render.numerics_chart.write_chart` and link it.", ""]
+            else:
+                lines += [f'<img alt="numerics per norm site" src="data:image/svg+xml;base64,{data}">', ""]
     return lines + _table(sites, first_nonfinite(sites))
