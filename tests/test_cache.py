@@ -190,7 +190,8 @@ def test_entries_are_json_reports_not_pickles(project, capfd):
     entries = list((project / "cache").rglob("*.json"))
     assert len(entries) == 1
     entry = json.loads(entries[0].read_text())
-    assert set(entry) == {"format", "key", "imported", "report"}
+    assert set(entry) == {"format", "key", "imported", "environ", "report"}
+    assert entry["environ"] == {}                        # the model files read no environment variable
     assert list(entry["imported"]) == [str((project / name).resolve()) for name in ("helper.py", "model.py")]
     assert json.loads(entry["report"])["sites"][0]["module"] == "norm"
     assert (project / "cache" / ".gitignore").read_text().endswith("*\n")
