@@ -244,8 +244,14 @@ def test_export_np108_1_exact():
 def test_export_other_spellings(how, found):
     """The norm's output is a new tensor (``x * self.weight``) here: the caller's read of the overwritten
     ``h`` reads an in-place node inside the norm in the export graph, no parent trace needed."""
-    got, _ = _alias_facts(_Residual(how), (torch.randn(2, 3, 8),), "export")
-    assert got["norm"][1] == ([("", "add", 108)] if found else None)
+    records, _ = _pipeline(_Residual(how), (torch.randn(2, 3, 8),), "export")
+    fact = next(r.site for r in records if r.site.module == "norm").extra.get("inplace_alias")
+    if not found:
+        assert fact is None
+        return
+    readers = [(c["module"], c["op"], c["source"]["line"]) for c in fact["consumers"]]
+    assert readers == [("", "add", 108)] and fact["alias_dtypes"] == ["float32", "float16", "bfloat16"]
+    assert fact["op"] == {"view": "mul_", "out": "mul(out=)", "imul": "mul_"}[how]
 
 
 class _SkipFromInplaceNorm(nn.Module):

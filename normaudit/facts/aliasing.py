@@ -406,8 +406,9 @@ def site_alias(cap: Any, rec: Any, order: dict) -> Optional[dict]:
         caller = root.name if root.op == "placeholder" else None
         if not users and caller is None:
             continue
-        name = (str(node.target) if node.op == "call_method" else _aten_name(node) if _aten_name(node) else f"{op_name(node)}(out=)"
-                if isinstance(node.kwargs.get("out"), fx.Node) else (_code_line(node) or op_name(node)))
+        name = (str(node.target) if node.op == "call_method" else f"{op_name(node)}(out=)"
+                if isinstance(node.kwargs.get("out"), fx.Node) else _aten_name(node) or _code_line(node)
+                or op_name(node))
         return {"op": name, "source": _line(node), "mutated": root.name,
                 "consumers": [_describe(u, modules) for u in users], "caller_input": caller,
                 "casts": [_aten_name(c) or str(c.target) for c in casts], "alias_dtypes": _alias_dtypes(casts)}
