@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -447,6 +448,26 @@ def render_options(args: argparse.Namespace, spec: OutputSpec) -> Any:
     return RenderOptions(project_root=project_root(args.project_root), color=color, quiet=args.quiet)
 
 
+def _numerics_charts(outputs: Sequence[OutputSpec], options: list, results: list) -> list[tuple[str, Any]]:
+    """The ``--probe numerics`` charts to write beside ``--format markdown -o FILE`` outputs (one target with a
+    numerics section, matplotlib installed), as (markdown path, report); sets each such output's
+    ``numerics_chart`` (replacing the frozen option in ``options``) so the Markdown links the file (GitHub shows
+    no embedded ``data:`` image)."""
+    import importlib.util
+
+    done = [r.report for r in results if r.report is not None]
+    if len(results) != 1 or not done or done[0].numerics is None or importlib.util.find_spec("matplotlib") is None:
+        return []
+    from normaudit.render.numerics_chart import chart_path
+
+    charts = []
+    for i, spec in enumerate(outputs):
+        if spec.fmt == "markdown" and spec.path is not None:
+            options[i] = dataclasses.replace(options[i], numerics_chart=chart_path(spec.path).name)
+            charts.append((spec.path, done[0]))
+    return charts
+
+
 # --------------------------------------------------------------------------------------------------- audit
 def _stderr_is_tty() -> bool:
     try:
@@ -655,6 +676,7 @@ def _cmd_audit(argv: Sequence[str]) -> int:
     results = _audit_targets(plan_opts, rules, baseline, base, timeout, fail_on, args, settings)
 
     options = [render_options(args, spec) for spec in outputs]  # before stdout is redirected: colour on a tty
+    charts = _numerics_charts(outputs, options, results)
     with contextlib.redirect_stdout(sys.stderr):
         rendered = [(render_results(spec.fmt, results, rules, multi, opts, args.statistics), spec.path)
                     for spec, opts in zip(outputs, options)]
@@ -662,6 +684,10 @@ def _cmd_audit(argv: Sequence[str]) -> int:
     for text, path in rendered:
         if failure is None or path is not None:  # a failed lone target: stdout stays empty, files are written
             _write(text, path)
+    for path, report in charts:
+        from normaudit.render.numerics_chart import write_chart
+
+        write_chart(report, path)
     if failure is not None:
         raise failure
     status = max(r.status for r in results)

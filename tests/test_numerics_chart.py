@@ -136,3 +136,17 @@ def test_no_numerics_section_without_the_probe(rules):
     report = audit_file(FIXTURE, rules, dtype="float16")
     assert report.numerics is None
     assert "### Numerics" not in markdown.render(report, rules)
+
+
+def test_cli_writes_the_chart_beside_a_markdown_output_and_links_it(tmp_path, capfd):
+    pytest.importorskip("matplotlib")
+    from normaudit.cli import main
+
+    md = tmp_path / "report.md"
+    rc = main([str(FIXTURE), "--probe", "numerics", "--dtype", "float16", "--isolated", "--no-cache",
+               "--format", "markdown", "-o", str(md), "--fail-on", "never"])
+    capfd.readouterr()
+    assert rc == 0
+    assert "![numerics per norm site](report.numerics.svg)" in md.read_text(encoding="utf-8")
+    svg = (tmp_path / "report.numerics.svg").read_text(encoding="utf-8")
+    assert 'id="first-nonfinite"' in svg and "blocks.1.norm" in svg

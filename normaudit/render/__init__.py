@@ -22,12 +22,15 @@ class RenderOptions:
 
     ``project_root``: the directory SARIF URIs are relative to (None: :func:`normaudit.render.locations.
     project_root`); ``color``: ANSI colours (text and concise; the CLI sets it when stdout is a terminal
-    and ``NO_COLOR`` is unset); ``quiet``: findings only, no site table, header or summary line.
+    and ``NO_COLOR`` is unset); ``quiet``: findings only, no site table, header or summary line;
+    ``numerics_chart``: Markdown only, the file name (beside the Markdown) of the ``--probe numerics`` chart the
+    CLI writes (:func:`normaudit.render.numerics_chart.write_chart`), linked instead of embedded.
     """
 
     project_root: Optional[Path] = None
     color: bool = False
     quiet: bool = False
+    numerics_chart: Optional[str] = None
 
 
 def get_renderer(fmt: str):
