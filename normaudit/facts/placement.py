@@ -631,7 +631,7 @@ def _reaches_scores(g: _Graph, start: fx.Node, residual: dict[fx.Node, ResidualA
                     if n in q_k:
                         return True
                     continue
-                if len(acts) >= 2 and not g.is_weighted(u) and _feeds_softmax(g, u):
+                if len(acts) >= 2 and not g.is_weighted(u) and (_feeds_softmax(g, u) or _weights_values(g, u)):
                     return True
                 continue
             if g.is_weighted(u) or (u in g.norm_nodes and u not in (start,)) or name == "module":
@@ -640,6 +640,32 @@ def _reaches_scores(g: _Graph, start: fx.Node, residual: dict[fx.Node, ResidualA
             if len(seen) > 400:
                 return False
     return False
+
+
+def _weights_values(g: _Graph, node: fx.Node) -> bool:
+    """``node`` (an activation-activation product) weights values by an attention map: one operand comes from a
+    softmax through a few views, dropout or casts (``attn.softmax(-1) @ v``), so a norm on ``v`` is inside the
+    attention as q/k norms are."""
+    todo, seen = list(g.inputs[node]), 0
+    while todo and seen < 16:
+        n = todo.pop()
+        seen += 1
+        name = op_name(n)
+        if "softmax" in name or (n.op == "call_module" and isinstance(
+                g.modules.get(str(n.target)), (nn.Softmax, nn.LogSoftmax))):
+            return True
+        if name in NEUTRAL_OPS or name in VIEW_OPS or name in ("reshape", "contiguous", "clone", "type_as") or (
+                n.op == "call_module" and isinstance(g.modules.get(str(n.target)), nn.Dropout)):
+            todo.extend(g.inputs[n])
+    return False
+
+
+#: what scores may pass through on their way to the softmax: scaling, a bias or mask, and a relative position
+#: bias written into a slice of them (timm MViTv2 ``attn[:, :, 1:, 1:] = (attn[...].view(...) + rel_h +
+#: rel_w).view(...)``: slicing, reshapes, the scatter or ``copy_`` back)
+_SCORE_STEPS = ("add", "sub", "mul", "div", "masked_fill", "where", "exp", "tanh", "reshape", "contiguous",
+                "clone", "getitem", "slice", "select", "narrow", "slice_scatter", "select_scatter", "copy_",
+                "index_put", "index_put_", "setitem", "add_", "mul_", "div_", "masked_fill_")
 
 
 def _feeds_softmax(g: _Graph, node: fx.Node) -> bool:
@@ -655,8 +681,7 @@ def _feeds_softmax(g: _Graph, node: fx.Node) -> bool:
                 if "softmax" in name or (u.op == "call_module" and isinstance(
                         g.modules.get(str(u.target)), (nn.Softmax, nn.LogSoftmax))):
                     return True
-                if name in ("add", "sub", "mul", "div", "masked_fill", "where", "exp", "tanh") or \
-                        name in NEUTRAL_OPS or name in VIEW_OPS or name in GUARD_OPS:
+                if name in _SCORE_STEPS or name in NEUTRAL_OPS or name in VIEW_OPS or name in GUARD_OPS:
                     nxt.append(u)
         frontier = nxt[:32]
     return False
