@@ -642,6 +642,12 @@ def _reaches_scores(g: _Graph, start: fx.Node, residual: dict[fx.Node, ResidualA
     return False
 
 
+def _is_softmax(g: _Graph, node: fx.Node) -> bool:
+    """``node`` is a softmax or log-softmax, functional or an ``nn.Softmax``/``nn.LogSoftmax`` module."""
+    return "softmax" in op_name(node) or (node.op == "call_module" and isinstance(
+        g.modules.get(str(node.target)), (nn.Softmax, nn.LogSoftmax)))
+
+
 def _weights_values(g: _Graph, node: fx.Node) -> bool:
     """``node`` (an activation-activation product) weights values by an attention map: one operand comes from a
     softmax through a few views, dropout or casts (``attn.softmax(-1) @ v``), so a norm on ``v`` is inside the
@@ -651,8 +657,7 @@ def _weights_values(g: _Graph, node: fx.Node) -> bool:
         n = todo.pop()
         seen += 1
         name = op_name(n)
-        if "softmax" in name or (n.op == "call_module" and isinstance(
-                g.modules.get(str(n.target)), (nn.Softmax, nn.LogSoftmax))):
+        if _is_softmax(g, n):
             return True
         if name in NEUTRAL_OPS or name in VIEW_OPS or name in ("reshape", "contiguous", "clone", "type_as") or (
                 n.op == "call_module" and isinstance(g.modules.get(str(n.target)), nn.Dropout)):
@@ -678,8 +683,7 @@ def _feeds_softmax(g: _Graph, node: fx.Node) -> bool:
         for n in frontier:
             for u in n.users:
                 name = op_name(u)
-                if "softmax" in name or (u.op == "call_module" and isinstance(
-                        g.modules.get(str(u.target)), (nn.Softmax, nn.LogSoftmax))):
+                if _is_softmax(g, u):
                     return True
                 if name in _SCORE_STEPS or name in NEUTRAL_OPS or name in VIEW_OPS or name in GUARD_OPS:
                     nxt.append(u)

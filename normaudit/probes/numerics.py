@@ -529,17 +529,10 @@ def seeded_inputs(build_fn: Any, inputs: Any, where: Optional[str]) -> tuple[Any
         return inputs, False
     from pathlib import Path
 
-    from normaudit.target.pyfile import BuildMode, _call
+    from normaudit.target.pyfile import BuildMode, _call, as_example_inputs
 
     again = _call(ex, Path(where or "model.py"), "example_inputs() failed (numerics probe)", BuildMode(meta=False))
-    if isinstance(again, torch.Tensor):
-        again = (again,)
-    if isinstance(again, list):
-        again = tuple(again)
-    if not isinstance(again, (tuple, dict)):
-        raise UsageError(f"example_inputs() returned {type(again).__name__} on its second call (numerics probe)",
-                         file=where)
-    return again, True
+    return as_example_inputs(again, where, " on its second call (numerics probe)"), True
 
 
 def _seeded_probe(ctx: Any, records: list, build_fn: Any, where: Optional[str], report: NumericsReport,

@@ -535,14 +535,21 @@ def build_from_module(module: ModuleType, fn: Callable[[], Any], factory: str, w
             asked = ", ".join(dict.fromkeys(mode.accelerator_requests))
             build.notes.append(f"example_inputs() asked for an accelerator ({asked}): the inputs were kept on the "
                                "CPU for the audit")
-        if isinstance(inputs, torch.Tensor):
-            inputs = (inputs,)
-        if isinstance(inputs, list):
-            inputs = tuple(inputs)
-        if not isinstance(inputs, (tuple, dict)):
-            raise UsageError(f"example_inputs() returned {type(inputs).__name__}; return a tuple or a dict",
-                             file=str(where))
+        inputs = as_example_inputs(inputs, str(where), "; return a tuple or a dict")
     return build.model, inputs, build.on_meta, build.origins, build.notes
+
+
+def as_example_inputs(value: Any, where: Optional[str], refusal: str) -> Any:
+    """What ``example_inputs()`` returned as the audit takes it: a tensor becomes a 1-tuple, a list a tuple, a
+    tuple (positional inputs) or dict (keyword inputs) stays. Raises UsageError (file ``where``) for anything
+    else, the message ``example_inputs() returned <type>`` followed by ``refusal``."""
+    if isinstance(value, torch.Tensor):
+        value = (value,)
+    if isinstance(value, list):
+        value = tuple(value)
+    if not isinstance(value, (tuple, dict)):
+        raise UsageError(f"example_inputs() returned {type(value).__name__}{refusal}", file=where)
+    return value
 
 
 def load_python_target(spec: str) -> LoadedModel:
