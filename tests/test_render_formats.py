@@ -345,3 +345,18 @@ def test_library_line_of_a_hugging_face_target_is_placed_alike_in_every_format(t
     (result,) = sarif.build_log([report], rules, project)["runs"][0]["results"]
     assert result["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "llama/config.json"
     assert result["relatedLocations"][0]["physicalLocation"]["region"]["startLine"] == 297
+
+
+def test_github_a_lone_failing_target_prints_its_error_on_stdout(capsys, tmp_path, monkeypatch):
+    """A CI step reads workflow commands from stdout: a lone target that fails must still annotate the run
+    (text formats leave stdout empty and say it once on stderr)."""
+    from normaudit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "crash.py").write_text("import os\n\n\ndef build_model():\n    os._exit(7)\n")
+    rc = main(["crash.py", "--format", "github", "--isolated", "--no-cache"])
+    out, err = capsys.readouterr()
+    cause = "crash.py: the model's code ended the process (exit status 7, as os._exit() does) while building the model"
+    assert rc == 2
+    assert out == f"::error title=normaudit crash.py::{cause}\n"
+    assert err == f"normaudit: error: {cause}\n"
