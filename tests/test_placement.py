@@ -2,7 +2,8 @@
 
 - every fixture in tests/fixtures/placement/<ID>_<n>.py names the exact modules its rule must flag (true
   positives, with severity) and must not flag (true negatives), plus the placements and model facts the
-  analysis must derive; factories other than build_model() are listed under EXPECT["factories"];
+  analysis must derive, and the source line (``file.py:line``) of findings listed under EXPECT["source"];
+  factories other than build_model() are listed under EXPECT["factories"];
 - both capture methods (fx symbolic tracing and torch.export) give the same placements wherever both work;
 - real code no one here wrote: torch.nn.TransformerEncoderLayer (norm_first False/True), nn.Transformer,
   and Hugging Face BertModel, GPT2Model, LlamaModel, T5Model, ViTModel (tiny configs on the meta device).
@@ -72,6 +73,9 @@ def test_rule_fixture(path, factory, expect, placement_rules):
         assert not _findings(report, other)
     for f in got.values():
         assert f.category == "placement" and f.fix
+    for module, want in expect.get("source", {}).items():  # the finding's line: "file.py:line"
+        where = got[module].source
+        assert where is not None and f"{Path(where.file).name}:{where.line}" == want, (module, where)
     _check_model(report, expect)
 
 

@@ -259,7 +259,9 @@ def evaluate(rules: Iterable[Rule], sites: list[Site], model: ModelFacts, config
             if site is not None and rule.locate == "computation":
                 source = site.computation or site.source
             if site is None and module:
-                match = next((s for s in sites if s.module == module), None)
+                # a site of that module, else a norm module that is no site (registered, never applied)
+                match = next((s for s in sites if s.module == module), None) \
+                    or next((u for u in model.unused_norms if u.module == module), None)
                 source = match.source if match else None
             findings.append(Finding(rule_id=rule.id, rule_name=rule.name, category=rule.category, severity=severity,
                                     confidence=rule.confidence, module=module, message=message, fix=fix,
