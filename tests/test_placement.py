@@ -432,3 +432,24 @@ def test_fnet_fourier_sublayer_is_a_residual_closed_by_its_post_norm(placement_r
     assert {s.module: s.placement for s in report.sites} == expected
     assert report.model.placement == "post" and report.model.num_residual_adds == 4
     assert not [f for f in report.findings if RANK[f.severity] >= RANK["warning"]]
+
+
+def test_gemma2_is_sandwich_and_resnet_is_post(placement_rules):
+    """Model placement ``sandwich`` needs a norm on the branch's input as well as on its output (Gemma 2's
+    input_layernorm + post_attention_layernorm); a branch closed by a norm whose input stays raw is
+    res-post-norm, ``post``: ResNet v1's x + BN(conv(ReLU(BN(conv(x))))) (was read as sandwich)."""
+    model = _hf("Gemma2Config", "Gemma2Model", num_key_value_heads=2, head_dim=8, **TINY)
+    report = _hf_report(model, placement_rules)
+    assert report.model.blocks[1].norms == {
+        "layers.1.input_layernorm": "pre", "layers.1.post_attention_layernorm": "sandwich",
+        "layers.1.pre_feedforward_layernorm": "pre", "layers.1.post_feedforward_layernorm": "sandwich"}
+    assert report.model.placement == "sandwich" and report.model.has_final_norm is True
+
+    model = _hf("ResNetConfig", "ResNetModel", embedding_size=8, hidden_sizes=[8, 16], depths=[2, 2],
+                layer_type="basic")
+    report = _light_audit(model, (torch.randn(1, 3, 32, 32),), rules=placement_rules, on_meta=True)
+    assert report.model.blocks[1].norms == {"encoder.stages.0.layers.1.layer.0.normalization": "pre",
+                                            "encoder.stages.0.layers.1.layer.1.normalization": "sandwich"}
+    assert site(report, "encoder.stages.0.layers.1.layer.0.normalization").extra["branch_position"] == "inner"
+    assert report.model.placement == "post"
+    assert [f for f in report.findings if f.severity != "info"] == []

@@ -47,7 +47,9 @@ placeholders, ``nn_module_stack`` on every node) give the same answer.
    after the last residual add: ``post`` when it reads that add directly and no norm sits in that add's
    branch (``LayerNorm(x + f(x))``), ``final`` otherwise; ``none`` when no residual add is around it.
 3. **Model facts**: ``placement`` from the roles of the block norms (``pre``; ``post``; ``sandwich`` when
-   branch-output norms appear without post norms; ``mixed`` for pre with post, or when blocks of one class
+   branch-output norms appear without post norms and some norm reads a branch's input, ``post`` when
+   branch-output norms close branches whose input no norm reads: res-post-norm, Liu et al. 2022, Swin V2,
+   arXiv 2111.09883, and a post-activation ResNet's ``x + BN(conv(...))``, He et al. 2016); ``mixed`` for pre with post, or when blocks of one class
    disagree; ``none`` without residual adds; ``unknown``), ``parallel_residual``, ``has_final_norm``
    (every stack's last residual add reaches a norm, through at most one linear projection, and one of
    them is ``final``), ``num_residual_adds`` and
@@ -1035,7 +1037,10 @@ def _model_facts(g: _Graph, adds: list[ResidualAdd], residual: dict[fx.Node, Res
     elif mixed_blocks or ("pre" in roles and "post" in roles) or ("post" in roles and "sandwich" in roles):
         model.placement = "mixed"
     elif "sandwich" in roles:
-        model.placement = "sandwich"
+        # a sandwich normalises the branch's input and its output (CogView, Gemma 2); norms that close the
+        # branch while its input stays raw are res-post-norm (Swin V2), and a CNN's conv -> BN -> ReLU ->
+        # conv -> BN branch (ResNet v1, x + BN(conv(...))) is that too: ``post``
+        model.placement = "sandwich" if _branch_input_normed(infos) else "post"
     else:
         model.placement = "pre" if roles == {"pre"} else "post"
     # every stack's last residual add reaches a norm on the stream, and there is a closing norm
@@ -1058,6 +1063,12 @@ def _model_facts(g: _Graph, adds: list[ResidualAdd], residual: dict[fx.Node, Res
             info.rec.site.extra["unnormed_stream_end"] = consumer
             info.rec.site.extra["stack_blocks"] = _stack_size(model.blocks, info.block)
     model.has_final_norm = ends_normed and any(i.placement == "final" for i in infos)
+
+
+def _branch_input_normed(infos: list[_SiteInfo]) -> bool:
+    """Some norm normalises the stream value a residual branch reads (``pre`` at ``branch_position``
+    ``input``), as the first norm of a sandwich does."""
+    return any(i.placement == "pre" and i.rec.site.extra.get("branch_position") == "input" for i in infos)
 
 
 def _consumer(g: _Graph, node: fx.Node) -> str:
