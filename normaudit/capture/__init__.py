@@ -202,6 +202,9 @@ def _export(model: nn.Module, args: Any, mode: FakeTensorMode, kwargs: Optional[
 
     kinds = (InputKind.USER_INPUT, InputKind.CONSTANT_TENSOR) if fixed else (InputKind.USER_INPUT,)
     user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind in kinds and hasattr(s.arg, "name")]
+    from normaudit.capture.hop import inline_wrapped_regions
+
+    inline_wrapped_regions(ep.graph_module)  # no_grad/autocast bodies: their norms are sites too
     return ep.graph_module, user
 
 
