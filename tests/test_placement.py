@@ -453,3 +453,62 @@ def test_gemma2_is_sandwich_and_resnet_is_post(placement_rules):
     assert site(report, "encoder.stages.0.layers.1.layer.0.normalization").extra["branch_position"] == "inner"
     assert report.model.placement == "post"
     assert [f for f in report.findings if f.severity != "info"] == []
+
+
+def _conv_decoder():
+    """A signal decoder: a conv stem, pre-norm residual conv blocks, an output conv making the signal."""
+
+    class Block(nn.Module):
+        def __init__(self, c=8):
+            super().__init__()
+            self.norm, self.mixer = nn.GroupNorm(1, c), nn.Conv1d(c, c, 3, padding=1, groups=c)
+            self.ffn = nn.Sequential(nn.Conv1d(c, 2 * c, 1), nn.GELU(), nn.Conv1d(2 * c, c, 1))
+
+        def forward(self, x):
+            return x + self.ffn(self.mixer(self.norm(x)))
+
+    class Decoder(nn.Module):
+        def __init__(self, c=8):
+            super().__init__()
+            self.stem, self.stage = nn.Conv1d(4, c, 3, padding=1), nn.ModuleList(Block(c) for _ in range(2))
+            self.head = nn.Conv1d(c, 1, 7, padding=3)
+
+        def forward(self, z):
+            x = self.stem(z)
+            for block in self.stage:
+                x = block(x)
+            return self.head(x)
+
+    return Decoder()
+
+
+def test_library_signal_decoder_without_final_norm_is_info(placement_rules):
+    """NP101 on a library's signal decoder whose stream an output convolution turns into the signal is info
+    (VibeVoice's acoustic decoder: the reference code drops its last norm with disable_last_norm, which the
+    released configs set); a user's decoder stays a warning, with the fact ``stream_end_conv``."""
+    model, z = _conv_decoder(), (torch.randn(2, 4, 16),)
+    cap = capture_model(model, z, on_meta=False)
+    records = discover_sites(cap)
+    facts = ModelFacts(class_name="Decoder")
+    analyse(cap, records, facts)
+    sites = [r.site for r in records]
+    assert {s.module: s.extra.get("stream_end_conv") for s in sites} == {"stage.0.norm": None,
+                                                                           "stage.1.norm": True}
+    for library, severity in ((True, "info"), (False, "warning")):
+        found = evaluate([placement_rules["NP101"]], sites, facts, {}, "config", {"library_model": library})
+        assert [(f.module, f.severity) for f in found] == [("stage.1", severity)], (library, found)
+        assert ("disable_last_norm" in found[0].message) == library
+
+
+def test_vibevoice_acoustic_decoder_np101_is_info(placement_rules):
+    """Real library code: transformers' VibeVoiceAcousticTokenizerDecoderModel (ConvNeXt-1d pre-norm stages,
+    output conv ``head``) gets NP101 as info, not a warning."""
+    if not hasattr(transformers, "VibeVoiceAcousticTokenizerDecoderModel"):
+        pytest.skip("transformers without VibeVoice")
+    cfg = transformers.VibeVoiceAcousticTokenizerDecoderConfig(
+        hidden_size=8, num_filters=4, depths=[2, 2], downsampling_ratios=[2], kernel_size=3)
+    model = transformers.VibeVoiceAcousticTokenizerDecoderModel(cfg).eval()
+    report = audit_model(model, (torch.randn(1, 8, 4),), rules=placement_rules)
+    np101 = [(f.module, f.severity) for f in report.findings if f.rule_id == "NP101"]
+    assert np101 == [("conv_layers.0.stage.1", "info")], report.findings
+    assert "disable_last_norm" in next(f.message for f in report.findings if f.rule_id == "NP101")

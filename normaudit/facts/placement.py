@@ -69,7 +69,9 @@ between); ``majority_placement`` and ``majority_blocks`` (the role of the same n
 blocks of the same class, when this one differs; ``post``, ``final`` and ``embedding`` are one role, the
 stream norm, which the first and last blocks of a stack see differently); ``unnormed_stream_end`` (and
 ``stack_blocks``, how many blocks its stack has) on the norms in the branch of a stack's last residual add
-when that add reaches the output without a norm (the module it reaches, or ``output``). Residual adds are marked in ``node.meta["normaudit"]["residual"]``.
+when that add reaches the output without a norm (the module it reaches, or ``output``), with
+``stream_end_conv`` when that module is a convolution computing the model output from the stream (a signal
+decoder's output conv: audio or image synthesis, not logits). Residual adds are marked in ``node.meta["normaudit"]["residual"]``.
 
 Example::
 
@@ -1059,8 +1061,11 @@ def _model_facts(g: _Graph, adds: list[ResidualAdd], residual: dict[fx.Node, Res
             continue
         ends_normed = False
         consumer = _consumer(g, a.node)
+        conv_head = _is_conv_module(g.modules.get(consumer)) and bool(g.desc[g.idx[a.node]] & g.output_mask)
         for info in branch_norms.get(a.node, []):
             info.rec.site.extra["unnormed_stream_end"] = consumer
+            if conv_head:
+                info.rec.site.extra["stream_end_conv"] = True
             info.rec.site.extra["stack_blocks"] = _stack_size(model.blocks, info.block)
     model.has_final_norm = ends_normed and any(i.placement == "final" for i in infos)
 
@@ -1092,6 +1097,15 @@ def _consumer(g: _Graph, node: fx.Node) -> str:
                 return path
             todo.append(u)
     return "output"
+
+
+def _is_conv_module(mod: Optional[nn.Module]) -> bool:
+    """``mod`` is a torch convolution (``nn.Conv1d/2d/3d``, transposed ones) or a wrapper holding one as its
+    only weighted layer (a causal-padding ``Conv1d`` wrapper)."""
+    if mod is None:
+        return False
+    weighted = [m for m in mod.modules() if any(True for _ in m.parameters(recurse=False))]
+    return bool(weighted) and all(isinstance(m, nn.modules.conv._ConvNd) for m in weighted)
 
 
 def _stack_size(blocks: list[Block], block: Optional[str]) -> int:
