@@ -412,10 +412,32 @@ def _related(node: Any, source: fx.Node, depth: int = 5) -> bool:
 _SCALE_PATH = ("expand", "expand_as", "unsqueeze", "view", "reshape", "_unsafe_view")
 
 
-def _apply_node(scale: fx.Node, source: fx.Node, by: str) -> Optional[fx.Node]:
+_PROJECTIONS = ("linear", "mm", "matmul")
+
+
+def _projected(other: Any, source: fx.Node, dims: Any, act: Optional[set]) -> bool:
+    """``other`` is a linear map of ``source`` over its last dim by a weight (``F.linear(x, W)``, ``x @ W``)
+    and the statistic is taken over that dim (and maybe others): a scale constant along the contracted dim
+    commutes with the map, ``linear(x, W) * rsqrt(mean(x^2) + eps) == linear(x * rsqrt(mean(x^2) + eps), W)``,
+    so the product is the RMSNorm of ``x`` projected (DeepSeek-V4-style hyper-connections, transformers HY-V4:
+    ``F.linear(flat, self.fn) * self.input_norm(flat)``, the norm module returning only the inverse RMS)."""
+    node = strip_neutral(other)
+    rank = len(shape(source) or ())
+    if act is None or not rank or dims is None or rank - 1 not in {d % rank for d in dims}:
+        return False
+    if not isinstance(node, fx.Node) or op_name(node) not in _PROJECTIONS or len(node.args) < 2:
+        return False
+    x, w = node.args[0], _base(node.args[1])
+    return isinstance(w, fx.Node) and w not in act and _related(x, source)
+
+
+def _apply_node(scale: fx.Node, source: fx.Node, by: str, dims: Any = None,
+                act: Optional[set] = None) -> Optional[fx.Node]:
     """The mul/div that applies ``scale`` to the source tensor, following casts, broadcasting and reshapes
     forward (a group std computed on ``x.reshape(B, G, ...)`` is reshaped back to ``x``'s shape) and
-    ``max``/``+`` combinations of the denominator (EvoNorm-B0: ``x / max(sqrt(var + eps), v * x + std)``)."""
+    ``max``/``+`` combinations of the denominator (EvoNorm-B0: ``x / max(sqrt(var + eps), v * x + std)``).
+    With the statistic's ``dims`` and the activations ``act``: also the mul that applies it to a weight's
+    projection of the source (:func:`_projected`)."""
     frontier = [scale]
     for _ in range(6):
         nxt = []
@@ -426,7 +448,7 @@ def _apply_node(scale: fx.Node, source: fx.Node, by: str) -> Optional[fx.Node]:
                     other = user.args[0] if user.args[1] is n else user.args[1]
                     if user.args[0] is n and name == "div":
                         continue
-                    if _related(other, source):
+                    if _related(other, source) or (by == "mul" and _projected(other, source, dims, act)):
                         return user
                 if name in NEUTRAL_OPS or name in _SCALE_PATH:
                     nxt.append(user)
@@ -843,7 +865,7 @@ def _hand_written_sites(gm: fx.GraphModule, modules: dict, claimed: set, act: Op
             if adds:
                 scale, eps, how = adds[0], scalar_operand(adds[0]), "outside_sqrt"
         by = "div" if name in ("sqrt", "std") or (name == "pow" and node.args[1] == 0.5) else "mul"
-        applied = _apply_node(scale, info["source"], by)
+        applied = _apply_node(scale, info["source"], by, info["dims"], act)
         if applied is None:
             continue
         if info.get("statistic") == "l2_norm" and not _norm_like(modules.get(owner(node, modules))) \
