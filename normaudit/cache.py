@@ -209,12 +209,17 @@ def _inside_site_packages(path: Path) -> bool:
     return any(real == os.path.realpath(r) or real.startswith(os.path.realpath(r) + os.sep) for r in roots)
 
 
-def default_cache_dir(settings_source: Optional[Path]) -> Optional[Path]:
-    """Where the cache lives (see the module docstring); None when every candidate is inside site-packages."""
+def default_cache_dir(settings_source: Optional[Path], configured: Optional[str] = None) -> Optional[Path]:
+    """Where the cache lives (see the module docstring): ``$NORMAUDIT_CACHE_DIR``, else ``configured`` (the
+    settings key ``cache = "DIR"``, relative to the settings file), else ``.normaudit_cache/`` beside the
+    settings file, else ``$XDG_CACHE_HOME/normaudit``; None when every candidate is inside site-packages."""
     env = os.environ.get("NORMAUDIT_CACHE_DIR")
     candidates = [Path(env)] if env else []
+    base = Path(settings_source).resolve().parent if settings_source is not None else Path.cwd()
+    if configured:
+        candidates.append(base / Path(configured).expanduser())
     if settings_source is not None:
-        candidates.append(Path(settings_source).resolve().parent / ".normaudit_cache")
+        candidates.append(base / ".normaudit_cache")
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     candidates.append(Path(xdg) / "normaudit")
     return next((c for c in candidates if not _inside_site_packages(c)), None)
@@ -292,3 +297,107 @@ class ResultCache:
         (self.root / ".gitignore").write_text("# Automatically created by normaudit.\n*\n", encoding="utf-8")
         (self.root / "CACHEDIR.TAG").write_text(_CACHEDIR_TAG, encoding="utf-8")
 
+
+
+def cache_disabled(no_cache_flag: bool = False, setting: Any = None) -> bool:
+    """True when no cache may be read or written: ``--no-cache``, ``NORMAUDIT_NO_CACHE`` set (not ``0``), or
+    the settings key ``cache = false``."""
+    return no_cache_flag or os.environ.get("NORMAUDIT_NO_CACHE", "") not in ("", "0") or setting is False
+
+
+def cache_root(settings_source: Optional[Path], setting: Any = None, no_cache_flag: bool = False) -> Optional[Path]:
+    """The cache directory of this run (:func:`default_cache_dir`), None when it is off (:func:`cache_disabled`)
+    or none may be used. ``setting``: the settings key ``cache`` (bool or a directory)."""
+    if cache_disabled(no_cache_flag, setting):
+        return None
+    return default_cache_dir(settings_source, setting if isinstance(setting, str) else None)
+
+
+# ----------------------------------------------------------------------------------------- validation memo
+#: Libraries whose behaviour decides whether a rule or settings file is valid (and the schema of the report);
+#: fingerprinted by their files' size and modification time (:func:`library_fingerprint`), not imported.
+_VALIDATING_LIBRARIES = ("pydantic", "pydantic_core", "yaml", "simpleeval")
+
+
+def library_fingerprint(names: tuple[str, ...] = _VALIDATING_LIBRARIES) -> dict[str, Any]:
+    """``{name: [file, size, mtime_ns]}`` of each library's top module (and ``version.py`` beside it), found by
+    :class:`importlib.machinery.PathFinder` on ``sys.path`` (whether imported or not: the same key in every
+    process) without importing it: an upgrade or reinstall rewrites these files. (:mod:`importlib.metadata`
+    would cost 0.1-0.2 s of start-up.)"""
+    from importlib.machinery import PathFinder
+
+    found: dict[str, Any] = {}
+    for name in names:
+        try:
+            spec = PathFinder.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        origin = getattr(spec, "origin", None)
+        if not origin or not os.path.isfile(origin):
+            found[name] = None
+            continue
+        entry = []
+        for f in (origin, os.path.join(os.path.dirname(origin), "version.py")):
+            with contextlib.suppress(OSError):
+                st = os.stat(f)
+                entry.append([f, st.st_size, st.st_mtime_ns])
+        found[name] = entry
+    return found
+
+
+def validation_key(kind: str, parts: Any) -> str:
+    """The key of a validation outcome: ``kind`` (``"rules"``, ``"settings"``, ``"report-schema"``), its
+    inputs ``parts`` (JSON-able: file names and content digests) and the code that validates them (Python,
+    normaudit's :func:`source_digest`, :func:`library_fingerprint`). Any change of any of these is another key."""
+    import normaudit
+
+    whole = {"format": CACHE_FORMAT, "kind": kind, "python": sys.version, "normaudit": normaudit.__version__,
+             "source": source_digest(), "libraries": library_fingerprint(), "parts": parts}
+    return _sha(json.dumps(whole, sort_keys=True, default=str).encode())
+
+
+class ValidationMemo:
+    """What validating a file gave, stored by :func:`validation_key` under ``root`` (``v1/valid/<key>.json``):
+    a command that only lists or prints (``normaudit rules``, ``explain``, ``schema``) then needs neither
+    pydantic nor the rule compiler when the same files were validated before by the same code (issue 14).
+    Only successful validations are stored; a file that is invalid is validated (and fails) every time. A
+    memo that cannot be read or written is a miss, silently."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def _entry(self, key: str) -> Path:
+        return self.root / f"v{CACHE_FORMAT}" / "valid" / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> Any:
+        """The payload stored for ``key``, or None (no entry, or one that cannot be read)."""
+        try:
+            with open(self._entry(key), encoding="utf-8") as fh:
+                entry = json.load(fh)
+        except (OSError, ValueError):
+            return None
+        return entry.get("payload") if isinstance(entry, dict) and entry.get("key") == key else None
+
+    def put(self, key: str, payload: Any) -> None:
+        """Store ``payload`` (JSON-able, not None) under ``key``, atomically; an OS error skips it."""
+        path = self._entry(key)
+        try:
+            ResultCache(self.root)._prepare()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    json.dump({"key": key, "payload": payload}, fh)
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        except OSError:
+            return
+
+
+def validation_memo(settings_source: Optional[Path], setting: Any = None) -> Optional[ValidationMemo]:
+    """The :class:`ValidationMemo` in this run's cache directory (:func:`cache_root`), None when the cache is off."""
+    root = cache_root(settings_source, setting)
+    return ValidationMemo(root) if root is not None else None

@@ -56,7 +56,7 @@ from typing import Any, Optional, Sequence
 
 from normaudit import __version__
 from normaudit.errors import UsageError
-from normaudit.worker import DEFAULT_TIMEOUT
+from normaudit.options import DEFAULT_TIMEOUT
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 FORMATS = ["text", "concise", "json", "sarif", "github", "markdown"]
@@ -163,6 +163,9 @@ def audit_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-address", metavar="ADDRESS",
                    help="the Ray cluster to run on (as ray.init(address=...): 'auto', 'ray://HOST:10001'); "
                         "implies --executor ray")
+    p.add_argument("--full-capture", action=argparse.BooleanOptionalAction, default=None,
+                   help="capture every block of a stack of identical blocks instead of each distinct block once "
+                        "with its facts carried to the others (same report, slower; 'full-capture' in settings)")
     p.add_argument("--no-cache", action="store_true",
                    help="neither read nor write the result cache (.normaudit_cache/ beside the settings file, "
                         "else $XDG_CACHE_HOME/normaudit; NORMAUDIT_NO_CACHE=1 does the same)")
@@ -179,12 +182,19 @@ def audit_parser() -> argparse.ArgumentParser:
 
 
 # ------------------------------------------------------------------------------------------ other commands
-def _settings_rules(argv_rules: Optional[list[str]]) -> list[str]:
-    if argv_rules:
-        return argv_rules
-    from normaudit.settings import discover_settings
+def _listed_rules(argv_rules: Optional[list[str]]) -> tuple[list[str], dict[str, Any], Any]:
+    """The ``--rules`` directories (else those of the settings file), the rules for ``rules``/``explain``, and
+    the validation memo they came through: read from the memo of the cache directory when these files were
+    validated before by this code (:func:`normaudit.engine.loader.load_rules_listed`,
+    :func:`normaudit.settings.validated_table`: no pydantic, under 0.5 s), else loaded and validated."""
+    from normaudit.cache import validation_memo
+    from normaudit.engine.loader import load_rules_listed
+    from normaudit.settings import table_rules, validated_table
 
-    return discover_settings().rules
+    source, table = validated_table() if not argv_rules else (None, {})
+    dirs = argv_rules or table_rules(source, table)
+    memo = validation_memo(source, table.get("cache"))
+    return dirs, load_rules_listed(dirs, memo), memo
 
 
 def _first_sentence(text: str) -> str:
@@ -198,19 +208,18 @@ def _cmd_rules(argv: Sequence[str]) -> int:
     """``normaudit rules [--format text|json]``: one line per rule, or a JSON list of objects with ``id``,
     ``name``, ``category``, ``severity``, ``confidence``, ``summary`` (first sentence of ``doc.what``) and
     ``docs`` (the generated page, ``docs/rules/ID.md``; null for a rule from ``--rules DIR``)."""
-    from normaudit.engine.loader import load_rules
-
     p = _Parser(prog="normaudit rules", description="List the rules.")
     p.add_argument("--rules", action="append", metavar="DIR")
     p.add_argument("--format", choices=["text", "json"], default="text")
     args = p.parse_args(argv)
-    dirs = _settings_rules(args.rules)
-    rules = load_rules(dirs)
+    dirs, rules, memo = _listed_rules(args.rules)
     ordered = sorted(rules.values(), key=lambda r: r.id)
     if args.format == "json":
         from normaudit.docs import doc_path
 
-        shipped = set(load_rules([])) if dirs else set(rules)
+        from normaudit.engine.loader import load_rules_listed
+
+        shipped = set(load_rules_listed([], memo)) if dirs else set(rules)
         print(json.dumps([{"id": r.id, "name": r.name, "category": r.category, "severity": r.severity,
                            "confidence": r.confidence, "summary": _first_sentence(r.doc.what),
                            "docs": doc_path(r.id) if r.id in shipped else None} for r in ordered], indent=2))
@@ -229,13 +238,11 @@ def _cmd_docs(argv: Sequence[str]) -> int:
 
 
 def _cmd_explain(argv: Sequence[str]) -> int:
-    from normaudit.engine.loader import load_rules
-
     p = _Parser(prog="normaudit explain", description="Print one rule's documentation.")
     p.add_argument("rule_id")
     p.add_argument("--rules", action="append", metavar="DIR")
     args = p.parse_args(argv)
-    rules = load_rules(_settings_rules(args.rules))
+    rules = _listed_rules(args.rules)[1]
     key = args.rule_id.strip()
     rule = rules.get(key.upper()) or next((r for r in rules.values() if r.name == key), None)
     if rule is None:
@@ -252,11 +259,23 @@ def _cmd_explain(argv: Sequence[str]) -> int:
 
 
 def _cmd_schema(argv: Sequence[str]) -> int:
-    from normaudit.report import Report
+    """``normaudit schema``: the JSON schema of the report, kept in the validation memo of the cache directory
+    (keyed by normaudit's source and pydantic's files, :func:`normaudit.cache.validation_key`) so that a second
+    call builds no pydantic model."""
+    from normaudit.cache import validation_key, validation_memo
 
     p = _Parser(prog="normaudit schema", description="Print the JSON schema of the report (--format json).")
     p.parse_args(argv)
-    print(json.dumps(Report.model_json_schema(), indent=2))
+    memo = validation_memo(None)
+    key = validation_key("report-schema", None) if memo is not None else ""
+    text = memo.get(key) if memo is not None else None
+    if not isinstance(text, str):
+        from normaudit.report import Report
+
+        text = json.dumps(Report.model_json_schema(), indent=2)
+        if memo is not None:
+            memo.put(key, text)
+    print(text)
     return EXIT_OK
 
 
@@ -508,7 +527,15 @@ def _target_options(t: Any, args: argparse.Namespace, settings: Any, rules_dirs:
         ignore=args.ignore if args.ignore is not None else list(settings.ignore or []),
         input_axes=args.input_axes or spec.input_axes or settings.input_axes,
         probes=list(args.probe), max_params=getattr(args, "max_params", None),
-        per_module_ignores=dict(settings.per_module_ignores))
+        per_module_ignores=dict(settings.per_module_ignores),
+        repeats=not _full_capture(args, settings))
+
+
+def _full_capture(args: argparse.Namespace, settings: Any) -> bool:
+    """``--full-capture``/``--no-full-capture``, else the settings' ``full-capture``, else False (capture each
+    distinct block once, :mod:`normaudit.capture.repeats`)."""
+    flag = getattr(args, "full_capture", None)
+    return bool(flag if flag is not None else getattr(settings, "full_capture", None))
 
 
 def _preflight(opts: Any) -> None:
@@ -586,7 +613,8 @@ def _audit_targets(plan_opts: list, rules: dict, baseline: Any, base: Path, time
     executor = (args.executor or ("ray" if args.ray_address else "local")) if args is not None else "local"
     if args is not None and args.ray_address and executor != "ray":
         raise UsageError("--ray-address needs --executor ray")
-    outcomes = run_targets(plan_opts, rules, timeout, jobs=args.jobs if args is not None else None,
+    jobs = (args.jobs or getattr(settings, "jobs", None)) if args is not None else None
+    outcomes = run_targets(plan_opts, rules, timeout, jobs=jobs,
                            executor=executor, cache=cache, ray_address=args.ray_address if args is not None else None,
                            progress=multi and _stderr_is_tty(), on_result=on_result)
     if verbose and cache is not None:
@@ -598,11 +626,13 @@ def _audit_targets(plan_opts: list, rules: dict, baseline: Any, base: Path, time
 def _result_cache(args: Optional[argparse.Namespace], settings: Any, verbose: bool) -> Any:
     """The :class:`normaudit.cache.ResultCache` of this run, None with ``--no-cache``/``NORMAUDIT_NO_CACHE``
     or where no cache directory may be used."""
-    if (args is not None and args.no_cache) or os.environ.get("NORMAUDIT_NO_CACHE", "") not in ("", "0"):
-        return None
-    from normaudit.cache import ResultCache, default_cache_dir
+    from normaudit.cache import ResultCache, cache_disabled, cache_root
 
-    root = default_cache_dir(getattr(settings, "source", None))
+    setting = getattr(settings, "cache", None)
+    no_cache = args is not None and args.no_cache
+    if cache_disabled(no_cache, setting):
+        return None
+    root = cache_root(getattr(settings, "source", None), setting, no_cache)
     if root is None:
         if verbose:
             print("normaudit: no cache directory outside site-packages: results not cached", file=sys.stderr)
@@ -611,10 +641,23 @@ def _result_cache(args: Optional[argparse.Namespace], settings: Any, verbose: bo
     return ResultCache(root, note)
 
 
+@dataclass
+class RunPlan:
+    """What an audit run was asked for, checked before any target runs (:func:`_plan_run`)."""
+
+    outputs: list[OutputSpec]
+    rules: dict
+    plan_opts: list
+    fail_on: str
+    baseline: Any
+    baseline_base: Path
+    timeout: float
+
+
 def _cmd_audit(argv: Sequence[str]) -> int:
+    """``normaudit [TARGET ...] [options]``: parse, read the settings, check the run (:func:`_plan_run`), audit
+    the targets (:func:`_audit_targets`) and write the outputs (:func:`_finish_run`); returns the exit status."""
     args = audit_parser().parse_intermixed_args(argv)  # first: --help/--version import nothing more
-    from normaudit.baseline import baseline_dir, load_baseline, write_baseline
-    from normaudit.engine.loader import load_rules
     from normaudit.settings import discover_settings
     from normaudit.target.hf import set_offline
 
@@ -623,6 +666,15 @@ def _cmd_audit(argv: Sequence[str]) -> int:
     settings = discover_settings(args.settings, args.isolated)
     if args.show_settings:
         return _show_settings(args, settings)
+    plan = _plan_run(args, settings, outputs)
+    results = _audit_targets(plan.plan_opts, plan.rules, plan.baseline, plan.baseline_base, plan.timeout,
+                             plan.fail_on, args, settings)
+    return _finish_run(args, plan, results)
+
+
+def _run_targets_of(args: argparse.Namespace, settings: Any) -> list[Any]:
+    """The targets of the run: those named on the command line (each with its own table from the settings
+    file, when it has one), else the settings' ``targets``. Raises UsageError when there are none."""
     targets: list[Any] = list(args.targets) or list(settings.targets)
     if not targets:
         raise UsageError("no TARGET given, and no 'targets' in a settings file ([tool.normaudit] in pyproject.toml "
@@ -632,6 +684,17 @@ def _cmd_audit(argv: Sequence[str]) -> int:
 
         tables = {os.path.normpath(t.path): t for t in settings.targets if isinstance(t, TargetSettings)}
         targets = [tables.get(os.path.normpath(t), t) for t in targets]
+    return targets
+
+
+def _plan_run(args: argparse.Namespace, settings: Any, outputs: list[OutputSpec]) -> RunPlan:
+    """Every check that needs no model, before any target runs (bad input fails fast, exit 2): the outputs
+    are writable and overwrite no input, the rules load, selectors name rules, the input axes parse, each
+    target's config and checkpoint exist; then the baseline is read."""
+    from normaudit.baseline import baseline_dir, load_baseline
+    from normaudit.engine.loader import load_rules
+
+    targets = _run_targets_of(args, settings)
     for spec in outputs:
         if spec.path is not None:
             check_writable(spec.path)
@@ -647,14 +710,7 @@ def _cmd_audit(argv: Sequence[str]) -> int:
     refuse_overwriting_inputs(written, _inputs_of_run(plan_opts, settings))
     if args.add_noqa:
         _check_add_noqa(args, plan_opts)
-    first = plan_opts[0]
-    for name, flag in (("select", args.select), ("ignore", args.ignore)):
-        if flag is not None:
-            _check_selectors(flag, rules, f"--{name}")
-        else:
-            _check_selectors(getattr(first, name), rules, name, settings, name)
-    for glob, codes in settings.per_module_ignores.items():
-        _check_selectors(codes, rules, f"per-module-ignores {glob!r}", settings, glob)
+    _check_run_selectors(args, settings, plan_opts[0], rules)
     if args.input_axes is not None:
         from normaudit.facts.axes import parse_input_axes
 
@@ -664,27 +720,40 @@ def _cmd_audit(argv: Sequence[str]) -> int:
             raise UsageError(f"--input-axes {args.input_axes!r}: {err}") from None
     for opts in plan_opts:
         _preflight(opts)
-    fail_on = args.fail_on or settings.fail_on or "error"
     baseline_path = args.baseline or settings.baseline
-    baseline = None
-    if baseline_path and not args.write_baseline:
-        baseline = load_baseline(baseline_path)
-    base = baseline_dir(baseline_path)
+    baseline = load_baseline(baseline_path) if baseline_path and not args.write_baseline else None
+    return RunPlan(outputs=outputs, rules=rules, plan_opts=plan_opts,
+                   fail_on=args.fail_on or settings.fail_on or "error", baseline=baseline,
+                   baseline_base=baseline_dir(baseline_path), timeout=args.timeout or settings.timeout or DEFAULT_TIMEOUT)
 
-    timeout = args.timeout or settings.timeout or DEFAULT_TIMEOUT
-    multi = len(plan_opts) > 1
-    results = _audit_targets(plan_opts, rules, baseline, base, timeout, fail_on, args, settings)
 
-    options = [render_options(args, spec) for spec in outputs]  # before stdout is redirected: colour on a tty
-    charts = _numerics_charts(outputs, options, results)
+def _check_run_selectors(args: argparse.Namespace, settings: Any, first: Any, rules: dict) -> None:
+    """``--select``/``--ignore`` (else the settings' ``select``/``ignore``, named by file and line) and each
+    ``per-module-ignores`` entry must match a rule (:func:`_check_selectors`)."""
+    for name, flag in (("select", args.select), ("ignore", args.ignore)):
+        if flag is not None:
+            _check_selectors(flag, rules, f"--{name}")
+        else:
+            _check_selectors(getattr(first, name), rules, name, settings, name)
+    for glob, codes in settings.per_module_ignores.items():
+        _check_selectors(codes, rules, f"per-module-ignores {glob!r}", settings, glob)
+
+
+def _finish_run(args: argparse.Namespace, plan: RunPlan, results: list[TargetResult]) -> int:
+    """Render and write every output (a lone failed target: the ``-o`` files, then its error is raised), the
+    numerics charts, the baseline (``--write-baseline``) and the ``noqa`` comments (``--add-noqa``); returns
+    the exit status, the worst over the targets."""
+    from normaudit.baseline import write_baseline
+
+    multi = len(plan.plan_opts) > 1
+    options = [render_options(args, spec) for spec in plan.outputs]  # before stdout is redirected: colour on a tty
+    charts = _numerics_charts(plan.outputs, options, results)
     with contextlib.redirect_stdout(sys.stderr):
-        rendered = [(render_results(spec.fmt, results, rules, multi, opts, args.statistics), spec.path, spec.fmt)
-                    for spec, opts in zip(outputs, options)]
+        rendered = [(render_results(spec.fmt, results, plan.rules, multi, opts, args.statistics), spec.path)
+                    for spec, opts in zip(plan.outputs, options)]
     failure = next((r.exception for r in results if r.exception is not None), None)
-    for text, path, fmt in rendered:
-        # a failed lone target: stdout stays empty (the error goes to stderr), files are written; GitHub's
-        # workflow commands are read from stdout, so its ``::error`` line is printed there too
-        if failure is None or path is not None or fmt == "github":
+    for text, path in rendered:
+        if failure is None or path is not None:  # a failed lone target: stdout stays empty, files are written
             _write(text, path)
     for path, report in charts:
         from normaudit.render.numerics_chart import write_chart
@@ -699,22 +768,44 @@ def _cmd_audit(argv: Sequence[str]) -> int:
         if status == EXIT_FINDINGS:
             status = EXIT_OK
     if args.add_noqa:
-        status = _add_noqa(results, fail_on)
+        status = _add_noqa(results, plan.fail_on)
     return status
 
 
 def _show_settings(args: argparse.Namespace, settings: Any) -> int:
-    """``--show-settings``: print the settings in force (:func:`normaudit.settings.show_settings`)."""
+    """``--show-settings``: print the settings in force (:func:`normaudit.settings.show_settings`), each key
+    with its source: a flag (or the environment variable that overrides it), the file and line, or the default."""
+    from normaudit.cache import cache_root
+    from normaudit.runner import default_jobs
     from normaudit.settings import show_settings
 
     flags = {"select": args.select, "ignore": args.ignore, "fail-on": args.fail_on, "dtype": args.dtype,
              "batch-size": args.batch_size, "rules": args.rules, "input-axes": args.input_axes,
              "config": args.config, "baseline": args.baseline, "timeout": args.timeout,
-             "targets": list(args.targets) or None, "checkpoint": args.checkpoint, "probe": args.probe or None,
-             "max-params": args.max_params, "jobs": args.jobs}
-    sys.stdout.write(show_settings(settings, flags, {"fail-on": "error", "dtype": "float32",
-                                                     "timeout": DEFAULT_TIMEOUT}))
+             "targets": list(args.targets) or None, "jobs": args.jobs, "full-capture": args.full_capture,
+             "cache": False if args.no_cache else None,
+             "checkpoint": args.checkpoint, "probe": args.probe or None, "max-params": args.max_params}
+    where = {"targets": "command line", "cache": "--no-cache",
+             "full-capture": "--no-full-capture" if args.full_capture is False else "--full-capture"}
+    env_cache = _cache_from_environment(settings.cache)
+    if flags["cache"] is None and env_cache is not None:
+        flags["cache"], where["cache"] = env_cache
+    root = cache_root(settings.source, settings.cache)
+    defaults = {"fail-on": "error", "dtype": "float32", "timeout": DEFAULT_TIMEOUT, "jobs": default_jobs(),
+                "full-capture": False, "cache": str(root) if root is not None else False}
+    sys.stdout.write(show_settings(settings, flags, defaults, where))
     return EXIT_OK
+
+
+def _cache_from_environment(setting: Any) -> Optional[tuple[Any, str]]:
+    """``(value, source)`` of the cache setting when an environment variable decides it over the file's
+    ``setting`` (:func:`normaudit.cache.cache_root`): ``NORMAUDIT_NO_CACHE`` turns it off,
+    ``NORMAUDIT_CACHE_DIR`` names the directory (unless the file says ``cache = false``); else None."""
+    if os.environ.get("NORMAUDIT_NO_CACHE", "") not in ("", "0"):
+        return False, "$NORMAUDIT_NO_CACHE"
+    if os.environ.get("NORMAUDIT_CACHE_DIR") and setting is not False:
+        return os.environ["NORMAUDIT_CACHE_DIR"], "$NORMAUDIT_CACHE_DIR"
+    return None
 
 
 def _check_add_noqa(args: argparse.Namespace, plan_opts: list) -> None:

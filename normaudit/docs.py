@@ -19,9 +19,10 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
-from normaudit.engine.schema import Rule
+if TYPE_CHECKING:  # annotations only: `normaudit rules --format json` imports no pydantic
+    from normaudit.engine.schema import Rule
 
 #: Where the pages live, relative to the repository root (also the SARIF helpUri of each rule).
 DOCS_DIR = "docs/rules"

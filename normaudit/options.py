@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+#: Seconds a target may take for import, build, capture and probes (``--timeout``, ``timeout`` in settings;
+#: enforced by :mod:`normaudit.worker`).
+DEFAULT_TIMEOUT = 300.0
+
 
 def split_target(spec: str) -> tuple[Path, Optional[str]]:
     """Split ``path.py:factory`` into the path and the factory name (None when absent)."""

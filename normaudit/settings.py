@@ -18,9 +18,12 @@ the file. Example::
     config = "configs/model.yaml"
     baseline = "normaudit-baseline.json"
     timeout = 300             # seconds per target for import, build, capture and probes
+    jobs = 4                  # targets audited at once (-j; default: the CPU cores)
+    cache = ".cache/normaudit"  # the result cache's directory, or false (--no-cache)
+    full-capture = false      # true: capture every block of a stack (--full-capture), same report, slower
 
-Relative paths (``targets``, ``rules``, ``config``, ``baseline``, a target's ``config``/``checkpoint``)
-are relative to the directory of the settings file. An unknown key, a wrong type or a TOML syntax error
+Relative paths (``targets``, ``rules``, ``config``, ``baseline``, ``cache``, a target's ``config``/
+``checkpoint``) are relative to the directory of the settings file. An unknown key, a wrong type or a TOML syntax error
 is a :class:`~normaudit.errors.UsageError` naming the file, the line and the key.
 """
 from __future__ import annotations
@@ -29,10 +32,7 @@ import difflib
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
-
-from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, PrivateAttr, ValidationError,
-                      field_validator)
+from typing import Any, Optional
 
 from normaudit.errors import UsageError
 
@@ -42,73 +42,19 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 SETTINGS_FILES = ("normaudit.toml", ".normaudit.toml")
-Dtype = Literal["float32", "float16", "bfloat16"]
-FailOn = Literal["error", "warning", "info", "never"]
 
 
-def _check_axes(value: Optional[str]) -> Optional[str]:
-    if value is not None:
-        from normaudit.facts.axes import parse_input_axes
+def __getattr__(name: str) -> Any:
+    """``Settings``, ``TargetSettings``, ``Dtype``, ``FailOn`` from :mod:`normaudit.settings_schema`, imported on
+    first use (PEP 562): reading a settings file validated before needs no pydantic (:func:`validated_table`)."""
+    if name in ("Settings", "TargetSettings", "Dtype", "FailOn"):
+        from normaudit import settings_schema
 
-        parse_input_axes(value)  # ValueError -> a validation error naming the key
-    return value
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=False, frozen=False)
+        return getattr(settings_schema, name)
+    raise AttributeError(f"module 'normaudit.settings' has no attribute {name!r}")
 
 
-class TargetSettings(_Strict):
-    """One entry of ``targets`` written as a table: a target with its own options."""
-
-    path: str
-    config: Optional[str] = None
-    checkpoint: Optional[str] = None
-    dtype: Optional[Dtype] = None
-    batch_size: Optional[PositiveInt] = Field(default=None, alias="batch-size")
-    input_axes: Optional[str] = Field(default=None, alias="input-axes")
-
-    _axes = field_validator("input_axes")(classmethod(lambda cls, v: _check_axes(v)))
-
-
-class Settings(_Strict):
-    """The validated contents of a settings file (every key optional)."""
-
-    select: Optional[list[str]] = None
-    ignore: Optional[list[str]] = None
-    per_module_ignores: dict[str, list[str]] = Field(default_factory=dict, alias="per-module-ignores")
-    fail_on: Optional[FailOn] = Field(default=None, alias="fail-on")
-    dtype: Optional[Dtype] = None
-    batch_size: Optional[PositiveInt] = Field(default=None, alias="batch-size")
-    rules: list[str] = Field(default_factory=list)
-    targets: list[Union[str, TargetSettings]] = Field(default_factory=list)
-    input_axes: Optional[str] = Field(default=None, alias="input-axes")
-    config: Optional[str] = None
-    baseline: Optional[str] = None
-    #: Seconds per target for import, build, capture and probes (``--timeout``; default 300).
-    timeout: Optional[PositiveFloat] = None
-
-    _axes = field_validator("input_axes")(classmethod(lambda cls, v: _check_axes(v)))
-    #: The file these settings came from (None for defaults); not a key of the file.
-    _source: Optional[Path] = PrivateAttr(default=None)
-
-    @property
-    def source(self) -> Optional[Path]:
-        """The settings file these settings were read from (None for defaults)."""
-        return self._source
-
-    def line_of(self, key: str) -> Optional[int]:
-        """The line of the settings file where ``key`` is set (for error messages), or None."""
-        if self._source is None:
-            return None
-        try:
-            text = self._source.read_text(encoding="utf-8")
-        except OSError:
-            return None
-        return _line_of_key(text, key, self._source.name == "pyproject.toml")
-
-
-def _keys(model: type[BaseModel]) -> list[str]:
+def _keys(model: Any) -> list[str]:
     return [f.alias or name for name, f in model.model_fields.items()]
 
 
@@ -168,7 +114,9 @@ def _line_of_key(text: str, key: str, is_pyproject: bool) -> Optional[int]:
     return None
 
 
-def _explain(err: ValidationError, text: str, path: Path, is_pyproject: bool) -> UsageError:
+def _explain(err: Any, text: str, path: Path, is_pyproject: bool) -> UsageError:
+    from normaudit.settings_schema import Settings, TargetSettings
+
     # A table in ``targets`` fails both union members: report the TargetSettings error, not "not a string".
     errors = [e for e in err.errors() if not (e["type"] == "string_type" and isinstance(e.get("input"), dict))]
     first = (errors or err.errors())[0]
@@ -198,6 +146,10 @@ def load_settings(path: Path) -> Settings:
 
     Relative paths in the file are made relative to the current directory. Raises UsageError.
     """
+    from pydantic import ValidationError
+
+    from normaudit.settings_schema import Settings
+
     path = Path(path)
     if not path.is_file():
         raise UsageError("settings file not found", file=str(path))
@@ -250,7 +202,7 @@ def _resolve_paths(settings: Settings, base: Path) -> Settings:
         settings.config = _rel(base, settings.config)
     if settings.baseline:
         settings.baseline = _rel(base, settings.baseline)
-    targets: list[Union[str, TargetSettings]] = []
+    targets: list[Any] = []
     for t in settings.targets:
         if isinstance(t, str):
             targets.append(_resolve_target(t, base))
@@ -269,6 +221,8 @@ def discover_settings(explicit: Optional[str] = None, isolated: bool = False,
                       start: Optional[Path] = None) -> Settings:
     """The settings for this run: ``explicit`` if given, else the file found from ``start`` upward,
     else defaults (also with ``isolated``)."""
+    from normaudit.settings_schema import Settings
+
     if isolated and explicit:
         raise UsageError("--settings and --isolated cannot be used together")
     if isolated:
@@ -279,11 +233,48 @@ def discover_settings(explicit: Optional[str] = None, isolated: bool = False,
     return load_settings(Path(_rel(Path.cwd(), str(path))))
 
 
+def validated_table(explicit: Optional[str] = None, isolated: bool = False,
+                    start: Optional[Path] = None) -> tuple[Optional[Path], dict[str, Any]]:
+    """The settings file of this run (as :func:`discover_settings` finds it) and its keys as TOML gives them
+    (paths as written, relative to the file): ``(None, {})`` without a file. The file is validated as
+    :func:`load_settings` does (UsageError naming file and line), unless this very content was validated
+    before by this very code: then the :class:`~normaudit.cache.ValidationMemo` in the cache directory says
+    so and pydantic is not imported (``normaudit rules`` stays under 0.5 s in a project, issue 14)."""
+    if isolated and explicit:
+        raise UsageError("--settings and --isolated cannot be used together")
+    found = None if isolated else (Path(explicit) if explicit else find_settings_file(start))
+    if found is None:
+        return None, {}
+    path = Path(_rel(Path.cwd(), str(found)))
+    if not path.is_file():
+        raise UsageError("settings file not found", file=str(path))
+    data = _parse_toml(path)
+    if path.name == "pyproject.toml":
+        tool = data.get("tool")
+        data = tool.get("normaudit") if isinstance(tool, dict) else None
+        if data is None:
+            return None, {}
+    from normaudit.cache import file_fingerprint, validation_key, validation_memo
+
+    memo = validation_memo(path, data.get("cache") if isinstance(data, dict) else None)
+    key = validation_key("settings", [path.name, file_fingerprint(path)]) if memo is not None else ""
+    if memo is None or memo.get(key) is not True:
+        load_settings(path)  # raises UsageError for an invalid file
+        if memo is not None:
+            memo.put(key, True)
+    return path, data
+
+
+def table_rules(source: Optional[Path], table: dict[str, Any]) -> list[str]:
+    """The ``rules`` directories of a table from :func:`validated_table`, relative to the current directory."""
+    return [_rel(source.parent, r) for r in table.get("rules", [])] if source is not None else []
+
+
 def _toml_value(value: Any) -> str:
     """``value`` written as a TOML value (strings as basic strings, tables of targets inline)."""
     import json
 
-    if isinstance(value, BaseModel):
+    if hasattr(value, "model_dump"):  # a TargetSettings table
         value = value.model_dump(by_alias=True, exclude_none=True)
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -297,14 +288,18 @@ def _toml_value(value: Any) -> str:
     return "[" + ", ".join(_toml_value(v) for v in value) + "]"
 
 
-def show_settings(settings: Settings, flags: dict[str, Any], defaults: dict[str, Any]) -> str:
+def show_settings(settings: Settings, flags: dict[str, Any], defaults: dict[str, Any],
+                  where: Optional[dict[str, str]] = None) -> str:
     """The settings in force as TOML text, each key with where its value comes from: a command-line flag,
     the settings file and line, or the default; a key set nowhere is a comment.
 
     ``flags`` are the keys (file spelling, ``fail-on``) given on the command line (flags that are no settings
-    key, ``checkpoint``, ``probe``, ``max-params``, ``jobs``, are listed after the keys), ``defaults`` the values
-    used when neither flag nor file sets a key. Paths from the file are shown relative to the current
+    key, ``checkpoint``, ``probe``, ``max-params``, are listed after the keys), ``defaults`` the values
+    used when neither flag nor file sets a key, ``where`` the source to show for a flag other than ``--KEY``
+    (``cache``: ``--no-cache`` or an environment variable). Paths from the file are shown relative to the current
     directory, as the run uses them."""
+    from normaudit.settings_schema import Settings
+
     src = settings.source
     head = (f"# settings file: {src}" + (" ([tool.normaudit])" if src.name == "pyproject.toml" else "")
             if src is not None else "# settings file: none (defaults; flags override)")
@@ -313,7 +308,7 @@ def show_settings(settings: Settings, flags: dict[str, Any], defaults: dict[str,
         key = info.alias or name
         value = getattr(settings, name)
         if key in flags and flags[key] is not None:
-            rows.append((f"{key} = {_toml_value(flags[key])}", f"--{key}" if key != "targets" else "command line"))
+            rows.append((f"{key} = {_toml_value(flags[key])}", (where or {}).get(key, f"--{key}")))
         elif value not in (None, [], {}):
             line = settings.line_of(key)
             rows.append((f"{key} = {_toml_value(value)}", f"{src}:{line}" if line else str(src)))

@@ -28,9 +28,7 @@ import warnings
 from typing import Any, Callable, Optional
 
 from normaudit.errors import UsageError
-
-#: Seconds a target may take for import, build, capture and probes (``--timeout``, ``timeout`` in settings).
-DEFAULT_TIMEOUT = 300.0
+from normaudit.options import DEFAULT_TIMEOUT  # noqa: F401 - defined where the command line reads it cheaply
 
 #: The phases of one target's audit, as the error message words them ("timed out ... while capturing the model").
 PHASES = {
