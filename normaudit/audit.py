@@ -123,8 +123,10 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
 
         check_size(mua.model, opts.max_params, mua.file or opts.target)
     # Capture turns a meta model into fake tensors in place; probes that run real numbers get an untouched
-    # meta copy (free) or the user's real model (capture works on its own copy of a real model).
-    probe_model = copy.deepcopy(mua.model) if mua.on_meta else mua.model
+    # meta copy or the user's real model (capture works on its own copy of a real model). The copy of a meta
+    # model is made only before the model itself is captured (_untouched_probe_model): the depth-independent
+    # capture works on a copy of its reduced model and leaves the user's untouched.
+    probe_model = mua.model
     by_path = {name: mua.origins[id(m)] for name, m in mua.model.named_modules() if id(m) in mua.origins}
     phase("capture")
     options = {"dtype": opts.dtype, "batch_size": batch, "checkpoint": ckpt is not None, "capture_method": None,
@@ -198,12 +200,15 @@ def _capture_facts(opts: AuditOptions, mua: ModelUnderAudit, inputs: Any, dtype:
 
     plan = repeats.plan_repeats(mua.model, mua.origins) if fast else None
     # a meta model is materialised in place: the reduced one gets its own (free) copy of the kept modules
-    target = (copy.deepcopy(plan.reduced) if mua.on_meta else plan.reduced) if plan else mua.model
+    if plan is not None:
+        target = copy.deepcopy(plan.reduced) if mua.on_meta else plan.reduced
+    else:
+        target = _untouched_probe_model(mua, shared)
     cap = capture_model(target, inputs, mua.on_meta, dtype)
     if plan is not None and (any(repeats.ELIDED_MESSAGE in (a.error or "") for a in cap.attempts)
                              or not repeats.check_reduced(plan, cap, inputs, dtype)):
         plan = None
-        cap = capture_model(mua.model, inputs, mua.on_meta, dtype)
+        cap = capture_model(_untouched_probe_model(mua, shared), inputs, mua.on_meta, dtype)
     if not cap.complete and mua.inputs is not None and not mua.inputs_assumed:
         check_inputs_fit(cap, inputs, dtype, mua.file or opts.target)
     # Capture works on its own copy of a real model: carry the construction lines over by module path.
@@ -226,6 +231,14 @@ def _capture_facts(opts: AuditOptions, mua: ModelUnderAudit, inputs: Any, dtype:
                 f"{s.child(s.elided[0])}..{s.elided[-1]} carried over from {s.child(s.rep)}" for s in plan.stacks) + ")"
     ctx.cap = dataclasses.replace(cap, modules=repeats.full_view(plan, cap))
     return cap, ctx, facts
+
+
+def _untouched_probe_model(mua: ModelUnderAudit, shared: dict) -> nn.Module:
+    """``mua.model``, about to be captured whole: a meta model is materialised (fake tensors) in place by the
+    capture, so ``shared["probe_model"]`` becomes a deep copy of it first, still on meta (free of storage)."""
+    if mua.on_meta and shared["probe_model"] is mua.model:
+        shared["probe_model"] = copy.deepcopy(mua.model)
+    return mua.model
 
 
 #: Errors of fake tensors themselves (data-dependent values, ops without a fake kernel): the model may be fine

@@ -165,3 +165,22 @@ def test_full_graph_small_enough_for_the_size_probe_is_captured_whole(rules):
     report = _audit(_Stack(), rules, True)  # default limits: 6 tiny blocks, the size probe runs on the full graph
     assert not any("depth-independent" in a.method for a in report.capture.attempts)
     assert any(n.startswith("size probe: re-ran") for n in report.notes)
+
+
+@pytest.mark.usefixtures("deep_enough")
+def test_one_block_with_another_eps_is_flagged_alone(rules):
+    eps = (1e-5,) * 5 + (1e-3,) + (1e-5,) * 2
+    full, fast = _audit(_Stack(eps), rules, False), _audit(_Stack(eps), rules, True)
+    assert comparable(fast) == comparable(full)
+    assert [(f.rule_id, f.module) for f in fast.findings if f.rule_id.startswith("NE")] == [("NE102", "blocks.5.norm")]
+    assert [s.eps for s in fast.sites] == [1e-5] * 5 + [1e-3] + [1e-5] * 3
+
+
+@pytest.mark.usefixtures("deep_enough")
+def test_rules_see_every_carried_block_as_its_own_site(rules):
+    """Eight identical blocks built with eps=0, the depth-independent capture kept: every elided block's norm is
+    a site the rules run on (the class of identical sites shares one evaluation, each gets its own finding)."""
+    fast = _audit(_Stack((0.0,) * 8), rules, True)
+    assert "blocks.3..6 carried over from blocks.2" in next(a.method for a in fast.capture.attempts if a.ok)
+    assert comparable(fast) == comparable(_audit(_Stack((0.0,) * 8), rules, False))
+    assert [f.module for f in fast.findings if f.rule_id == "NE103"] == [f"blocks.{i}.norm" for i in range(8)]

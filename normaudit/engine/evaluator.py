@@ -14,6 +14,7 @@ Names a rule expression can read:
 from __future__ import annotations
 
 import _string  # the field-name parser str.format and string.Formatter use
+import ast
 import math
 import string
 import types
@@ -73,8 +74,12 @@ FUNCTIONS = {
 
 @dataclass
 class CompiledRule:
+    """A rule with its expressions parsed once (``parsed``: field -> AST) and ``reads``, the site facts they
+    read (:func:`site_reads`)."""
+
     rule: Rule
     parsed: dict[str, Any]
+    reads: tuple = ()
 
 
 _COMPILED: dict[int, CompiledRule] = {}
@@ -184,7 +189,8 @@ def compile_rule(rule: Rule, file: str = "") -> CompiledRule:
         refused = check_template(getattr(rule, key), (*TEMPLATE_NAMES, *rule.let))
         if refused:
             raise UsageError(f"rule {rule.id} field '{key}': template refused: {refused}", file=file or None)
-    compiled = CompiledRule(rule=rule, parsed=parsed)
+    compiled = CompiledRule(rule=rule, parsed=parsed, reads=site_reads(
+        v for k, v in parsed.items() if k != "module_expr"))  # module_expr is evaluated per site
     _COMPILED[id(rule)] = compiled
     return compiled
 
@@ -229,41 +235,178 @@ def _format(template: str, names: dict[str, Any]) -> str:
     return _FORMATTER.vformat(template, (), names).strip()
 
 
+#: methods a site fact is read through that return a value computed from their object and constant arguments
+#: alone, without changing it: ``site.extra.get("k")`` (a dict), ``site.describe()`` (:class:`Site`)
+_PURE_CALLS = {"get": dict, "describe": Site}
+
+
+def _literal(node: ast.AST) -> tuple[bool, Any]:
+    try:
+        value = ast.literal_eval(node)
+        hash(value)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False, None
+    return True, value
+
+
+def _chain(node: ast.AST) -> Optional[tuple]:
+    """The steps from the name ``site`` to ``node`` when ``node`` is ``site`` followed by attribute reads,
+    subscripts by a literal and :data:`_PURE_CALLS` with literal arguments (``site.formula.gain``,
+    ``site.extra["k"]``, ``site.extra.get("k", 0)``), else None."""
+    if isinstance(node, ast.Name):
+        return () if node.id == "site" and isinstance(node.ctx, ast.Load) else None
+    if isinstance(node, ast.Attribute):
+        head = _chain(node.value)
+        return None if head is None or node.attr.startswith("_") else head + (("attr", node.attr),)
+    if isinstance(node, ast.Subscript):
+        head = _chain(node.value)
+        ok, key = _literal(node.slice)
+        return head + (("item", key),) if head is not None and ok else None
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _PURE_CALLS
+            and not node.keywords):
+        head = _chain(node.func.value)
+        args = [_literal(a) for a in node.args]
+        if head is not None and all(ok for ok, _ in args):
+            return head + (("call", node.func.attr, tuple(v for _, v in args)),)
+    return None
+
+
+def site_reads(nodes: Iterable[ast.AST]) -> tuple:
+    """Every fact of ``site`` the expression trees ``nodes`` read, as step tuples (:func:`_chain`), sorted.
+
+    The longest chain from ``site`` is recorded: ``site.formula.gain == "weight"`` reads ``formula.gain``;
+    ``site.module.rpartition(".")`` reads ``module`` (a method of the value read, called on it); any other use
+    of ``site`` (passed to a function, compared by identity, rebound) reads the whole site: ``()``. Two sites
+    whose values agree on every chain give every expression the same value, all else in the rule's namespace
+    being the same; :func:`evaluate` evaluates a rule once per such class of sites."""
+    chains: set[tuple] = set()
+
+    def visit(node: ast.AST) -> None:
+        found = _chain(node)
+        if found is not None:
+            chains.add(found)
+            return
+        if isinstance(node, ast.Name) and node.id == "site":
+            chains.add(())  # ``site`` bound by a comprehension or an assignment: whole
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops) and not any(
+                isinstance(x, ast.Constant) for x in [node.left, *node.comparators]):
+            chains.add(())  # identity of values that may be equal in value only
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            visit(node.func.value)  # a method of a read value: the value is what is read
+            for child in [*node.args, *node.keywords]:
+                visit(child)
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    for node in nodes:
+        visit(node)
+    # a chain below one read whole adds nothing (``formula`` covers ``formula.gain``)
+    kept = [c for c in chains if not any(c[:i] in chains for i in range(len(c)))]
+    return tuple(sorted(kept, key=repr))
+
+
+def _canon(v: Any) -> Any:
+    """A hashable value equal for two values exactly when they are equal in type and value, recursively
+    (pydantic models field by field, dicts in their order, floats by ``repr``: ``nan``, ``-0.0``); any other
+    object by identity."""
+    from pydantic import BaseModel
+
+    if v is None or isinstance(v, (bool, int, str)):
+        return (type(v), v)
+    if isinstance(v, float):
+        return (float, repr(v))
+    if isinstance(v, BaseModel):
+        return (type(v), tuple((n, _canon(getattr(v, n))) for n in type(v).model_fields))
+    if isinstance(v, dict):
+        return (type(v), tuple((_canon(k), _canon(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return (type(v), tuple(_canon(x) for x in v))
+    return (type(v), id(v))
+
+
+def _read(site: Site, chain: tuple) -> Any:
+    """The canonical value (:func:`_canon`) of ``chain`` on ``site``; an error marker where a step fails."""
+    value: Any = site
+    try:
+        for step in chain:
+            if step[0] == "attr":
+                value = getattr(value, step[1])
+            elif step[0] == "item":
+                value = value[step[1]]
+            elif isinstance(value, _PURE_CALLS[step[1]]):
+                value = getattr(value, step[1])(*step[2])
+            else:
+                return ("not pure", type(value), id(value))  # e.g. a ``get`` of a non-dict: this site alone
+    except Exception as exc:  # noqa: BLE001 - the rule meets the same error when it reads the fact
+        return ("error", type(exc), str(exc))
+    return _canon(value)
+
+
+def _site_key(site: Site, reads: tuple, memo: dict) -> tuple:
+    """What the rule reads of ``site`` (:func:`site_reads`), canonical; ``memo`` caches per site and chain."""
+    out = []
+    for chain in reads:
+        k = (id(site), chain)
+        if k not in memo:
+            memo[k] = _read(site, chain)
+        out.append(memo[k])
+    return tuple(out)
+
+
 def evaluate(rules: Iterable[Rule], sites: list[Site], model: ModelFacts, config: dict[str, Any],
              config_source: Optional[str], options: dict[str, Any]) -> list[Finding]:
-    """Run every rule over the facts; returns findings (unsorted). Raises RuleError on a failing rule."""
+    """Run every rule over the facts; returns findings (unsorted). Raises RuleError on a failing rule.
+
+    A site-scope rule is evaluated once per class of sites equal in every fact its expressions read
+    (:func:`site_reads`: identical blocks of a deep stack differ in their module path only, which most rules
+    never read); the outcome (when, severity, ``let`` values) is then the outcome on each site of the class,
+    whose message, fix and ``module_expr`` are filled from that site. Sites are visited in order, so a failing
+    rule fails on the first site it fails on, as when evaluated site by site."""
     findings: list[Finding] = []
     base = {"model": model, "sites": sites, "config": _ns(config or {}), "config_source": config_source or "the config",
             "options": _ns(options)}
+    memo: dict = {}  # (id(site), chain) -> canonical value, shared by the rules (``sites`` lives through the call)
     for rule in rules:
         compiled = _COMPILED.get(id(rule)) or compile_rule(rule)
         params = _ns(dict(rule.params))
         targets = [s for s in sites if not rule.applies_to or s.kind in rule.applies_to] if rule.scope == "site" else [None]
+        outcomes: dict[tuple, Any] = {}
         for site in targets:
-            names = dict(base, params=params, site=site)
+            key = _site_key(site, compiled.reads, memo) if site is not None else None
             try:
-                hit = _run(compiled, names)
+                if key is None or key not in outcomes:
+                    hit = _run(compiled, dict(base, params=params, site=site))
+                    if key is not None:
+                        outcomes[key] = hit
+                else:
+                    hit = outcomes[key]
                 if hit is None:
                     continue
-                severity, names = hit
-                module = site.module if site is not None else ""
-                if rule.module_expr:
-                    ev = _evaluator(names)
-                    module = str(ev.eval(rule.module_expr, previously_parsed=compiled.parsed["module_expr"]))
-                message = _format(rule.message, names)
-                fix = _format(rule.fix, names)
+                severity, names = hit[0], dict(hit[1], site=site)
+                finding = _finding(compiled, names, severity, site, sites)
             except Exception as exc:  # noqa: BLE001 - surfaced as an internal error naming the rule
                 where = site.module if site is not None else "model"
                 raise RuleError(f"rule {rule.id} failed on {where or '<root>'}: {type(exc).__name__}: {exc}") from exc
-            source = site.source if site is not None else None
-            if site is not None and rule.locate == "computation":
-                source = site.computation or site.source
-            if site is None and module:
-                # a site of that module, else a norm module that is no site (registered, never applied)
-                match = next((s for s in sites if s.module == module), None) \
-                    or next((u for u in model.unused_norms if u.module == module), None)
-                source = match.source if match else None
-            findings.append(Finding(rule_id=rule.id, rule_name=rule.name, category=rule.category, severity=severity,
-                                    confidence=rule.confidence, module=module, message=message, fix=fix,
-                                    source=source))
+            findings.append(finding)
     return findings
+
+
+def _finding(compiled: CompiledRule, names: dict[str, Any], severity: str, site: Optional[Site],
+             sites: list[Site]) -> Finding:
+    """The finding of a rule that fired on ``site`` (None: a model-scope rule) with namespace ``names``."""
+    rule = compiled.rule
+    module = site.module if site is not None else ""
+    if rule.module_expr:
+        ev = _evaluator(names)
+        module = str(ev.eval(rule.module_expr, previously_parsed=compiled.parsed["module_expr"]))
+    message = _format(rule.message, names)
+    fix = _format(rule.fix, names)
+    source = site.source if site is not None else None
+    if site is not None and rule.locate == "computation":
+        source = site.computation or site.source
+    if site is None and module:
+        match = next((s for s in sites if s.module == module), None)
+        source = match.source if match else None
+    return Finding(rule_id=rule.id, rule_name=rule.name, category=rule.category, severity=severity,
+                   confidence=rule.confidence, module=module, message=message, fix=fix, source=source)
