@@ -436,13 +436,55 @@ def module_input_layout(rec: SiteRecord, modules: dict) -> tuple[tuple[int, ...]
     return tuple(node_shape(node)), tuple(m[d] for d in dims)
 
 
+def _trailing_children(rec: SiteRecord, modules: dict) -> list[str]:
+    """Names of the direct children of the site's module that run only on the norm's output (timm's NormAct
+    layers, ``BatchNormAct2d``/``LayerNormAct2d``/``RmsNormAct2d``: ``x = self.act(self.drop(norm(x)))``):
+    every graph node they own is reached forward from ``rec.output`` inside the module."""
+    s = rec.site
+    if rec.output is None or not isinstance(rec.output, fx.Node):
+        return []
+    prefix = f"{s.module}." if s.module else ""
+    inside = (lambda o: o == s.module or o.startswith(prefix)) if s.module else (lambda o: True)
+    seen: set = set()
+    frontier = [rec.output]
+    while frontier:
+        for u in frontier.pop().users:
+            if u not in seen and inside(owner(u, modules)):
+                seen.add(u)
+                frontier.append(u)
+    by_child: dict[str, list[fx.Node]] = {}
+    for node in rec.output.graph.nodes:
+        o = owner(node, modules)
+        if o != s.module and o.startswith(prefix) and inside(o):
+            by_child.setdefault(o[len(prefix):].split(".")[0], []).append(node)
+    return [c for c, nodes in by_child.items() if all(n in seen for n in nodes)]
+
+
+def _norm_only(mod: nn.Module, rec: SiteRecord, modules: Optional[dict]) -> nn.Module:
+    """``mod``, or a copy of it whose parameterless children that run after the norm (an activation, a dropout:
+    :func:`_trailing_children`) are ``nn.Identity``, so the probe reads the norm's own output."""
+    if modules is None:
+        return mod
+    children = dict(mod.named_children())
+    names = [c for c in _trailing_children(rec, modules) if c in children
+             and not any(True for _ in children[c].parameters()) and not any(True for _ in children[c].buffers())]
+    if not names:
+        return mod
+    mod = copy.deepcopy(mod)
+    for c in names:
+        setattr(mod, c, nn.Identity())
+    return mod
+
+
 def _probe(mod: nn.Module, rec: SiteRecord, half: torch.dtype, modules: Optional[dict] = None):
     """Run both probes on a copy of ``mod`` (materialised on the CPU when on meta: the probe sets the gain
     and bias itself, and no other floating tensor exists in a probed module), fed in the layout of the
-    module's own input (:func:`module_input_layout`)."""
+    module's own input (:func:`module_input_layout`), its activation after the norm made the identity
+    (:func:`_norm_only`)."""
     s = rec.site
     if any(t.is_meta for t in list(mod.parameters()) + list(mod.buffers())):
         mod = copy.deepcopy(mod).to_empty(device="cpu")
+    mod = _norm_only(mod, rec, modules)
     shape, dims = module_input_layout(rec, modules) if modules is not None else (
         tuple(s.input_shape), tuple(s.reduced_dims or ()))
     # keep the probe small: only the normalised dims matter, other positions just hold probe rows
