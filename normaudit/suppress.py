@@ -239,13 +239,19 @@ class SuppressionIndex:
 
     def __init__(self) -> None:
         self._files: dict[str, Optional[_FileIndex]] = {}
+        self._keys: dict[str, str] = {}
 
-    @staticmethod
-    def key(file: str) -> str:
-        try:
-            return str(Path(file).resolve())
-        except OSError:
-            return file
+    def key(self, file: str) -> str:
+        """``file`` resolved (the same file however it is spelled), once per spelling: every site of a deep
+        model names the same few files (issue 14)."""
+        k = self._keys.get(file)
+        if k is None:
+            try:
+                k = str(Path(file).resolve())
+            except OSError:
+                k = file
+            self._keys[file] = k
+        return k
 
     def file(self, file: str) -> Optional[_FileIndex]:
         """The index of ``file``, or None when it cannot be read (not a Python source file on disk)."""
