@@ -16,11 +16,17 @@ As ruff's cache does, an entry is keyed by everything the report depends on (:fu
 
 Entries are JSON files (the pydantic report as :meth:`~pydantic.BaseModel.model_dump_json` writes it, never a
 pickle) under ``.normaudit_cache/`` beside the settings file (``pyproject.toml``/``normaudit.toml``), else under
-``$XDG_CACHE_HOME/normaudit`` (``~/.cache/normaudit``); ``$NORMAUDIT_CACHE_DIR`` overrides both, and
-``--no-cache`` bypasses the cache. A directory inside site-packages is never used. Only reports are stored
+``$XDG_CACHE_HOME/normaudit`` (``~/.cache/normaudit``); the settings key ``cache = "DIR"`` names another
+directory (relative to the settings file), ``$NORMAUDIT_CACHE_DIR`` overrides all of these, and ``--no-cache``,
+``NORMAUDIT_NO_CACHE=1`` or ``cache = false`` bypass the cache (:func:`cache_root`). A directory inside site-packages is never used. Only reports are stored
 (a target that fails is audited again), and never those of ``--probe numerics``. A cache that cannot be read or written is skipped: a miss, a note
 with ``-v`` at most. Files the model's code opens itself (data files read by ``build_model()``) are not part of
 the key: use ``--no-cache`` for such models.
+
+The same directory keeps a :class:`ValidationMemo` (``v1/valid/``): the outcome of validating rule files, a
+settings file and the report schema, keyed by their contents and the code that validates them
+(:func:`validation_key`), so that ``normaudit rules``, ``explain`` and ``schema`` need no pydantic on a
+second call.
 """
 from __future__ import annotations
 

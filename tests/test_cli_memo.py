@@ -101,3 +101,27 @@ def test_cache_false_in_settings_keeps_no_memo(capsys, memo_env, tmp_path):
     assert not (tmp_path / "cache").exists()
     proc = run_blocked("rules", env=memo_env)
     assert proc.returncode == 3 and "import of pydantic halted" in proc.stderr, proc.stderr
+
+
+def test_the_memo_key_changes_with_the_code_that_validates(monkeypatch, tmp_path):
+    from normaudit import cache
+
+    base = cache.validation_key("rules", [["a.yaml", "0" * 64]])
+    assert base == cache.validation_key("rules", [["a.yaml", "0" * 64]])
+    assert base != cache.validation_key("rules", [["a.yaml", "1" * 64]])
+    assert base != cache.validation_key("settings", [["a.yaml", "0" * 64]])
+    fingerprint = cache.library_fingerprint()
+    assert [f for f, _, _ in fingerprint["pydantic"]][0].endswith("pydantic/__init__.py")
+    with monkeypatch.context() as m:
+        m.setattr(cache, "library_fingerprint", lambda: {**fingerprint, "pydantic": [["x", 1, 2]]})
+        assert base != cache.validation_key("rules", [["a.yaml", "0" * 64]])  # pydantic upgraded
+    with monkeypatch.context() as m:
+        m.setattr(cache, "source_digest", lambda: "edited")
+        assert base != cache.validation_key("rules", [["a.yaml", "0" * 64]])  # normaudit's source edited
+    memo = cache.ValidationMemo(tmp_path / "c")
+    assert memo.get(base) is None
+    memo.put(base, [1, 2])
+    assert memo.get(base) == [1, 2] and memo.get(base[::-1]) is None
+    entry = next((tmp_path / "c" / "v1" / "valid").rglob("*.json"))
+    entry.write_text("{not json")
+    assert memo.get(base) is None
