@@ -286,22 +286,25 @@ class _Elide(Exception):
 
 
 def _renamer(old: str, new: str):
+    """A function returning a copy of a value (a string, a pydantic model, containers of them) with the module
+    path ``old`` renamed ``new`` wherever it is a whole path or a path's prefix (``layers.2.mlp``, not
+    ``layers.20``). The copy is as deep as ``copy.deepcopy``: models and containers are rebuilt, other
+    mutable leaves deep-copied."""
     pat = re.compile(rf"(?<![\w.]){re.escape(old)}(?![\w])")
+    from pydantic import BaseModel
 
     def rename(v: Any) -> Any:
-        from pydantic import BaseModel
-
         if isinstance(v, str):
-            return pat.sub(new, v)
-        if isinstance(v, BaseModel):
-            for name in type(v).model_fields:
-                setattr(v, name, rename(getattr(v, name)))
+            return pat.sub(new, v) if old in v else v
+        if v is None or isinstance(v, (bool, int, float)):
             return v
+        if isinstance(v, BaseModel):
+            return v.model_copy(update={name: rename(getattr(v, name)) for name in type(v).model_fields})
         if isinstance(v, dict):
             return {rename(k): rename(x) for k, x in v.items()}
         if isinstance(v, (list, tuple)):
             return type(v)(rename(x) for x in v)
-        return v
+        return copy.deepcopy(v)
     return rename
 
 
@@ -384,11 +387,11 @@ def _expand(plan: RepeatPlan, cap: Any, facts: Any, config: Optional[dict]) -> N
             new = s.child(name)
             rename = _renamer(rep, new)
             for i in in_rep:
-                site = rename(copy.deepcopy(facts.records[i].site))
+                site = rename(facts.records[i].site)
                 clones.append(SiteRecord(site=site, module_obj=full_modules.get(site.module),
                                          hints=dict(facts.records[i].hints)))
             if rep in blocks:
-                block_clones.append(rename(copy.deepcopy(model.blocks[blocks[rep]])))
+                block_clones.append(rename(model.blocks[blocks[rep]]))
         if in_rep:
             at = in_rep[-1] + 1
             facts.records[at:at] = clones
