@@ -62,3 +62,48 @@ def test_inverse_rms_times_a_projection_is_an_rmsnorm(method):
 @pytest.mark.parametrize("kw", [{"stat_dim": 1}, {"other": True}], ids=["stat-over-tokens", "other-tensor"])
 def test_a_projection_that_does_not_commute_with_the_scale_is_no_site(method, kw):
     assert _sites(HyperConnection(**kw), method) == []
+
+
+class ExclusiveSelfAttention(nn.Module):
+    """transformers NeoMMEExclusiveSelfAttention: removes from each head's output its component along the
+    head's unit value vector; ``F.normalize`` gives a direction, no norm (the module holds only ``alpha``)."""
+
+    def __init__(self, heads: int = 4):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.full((heads,), 0.5))
+
+    def forward(self, attn_output, value_states):
+        value_unit = F.normalize(value_states.float(), dim=-1).to(attn_output.dtype)
+        projection = (attn_output * value_unit).sum(-1, keepdim=True)
+        scale = torch.tanh(self.alpha).to(attn_output.dtype).view(1, 1, -1, 1)
+        return attn_output - (scale * projection) * value_unit
+
+
+class UnitNorm(nn.Module):
+    """An L2 RMSNorm module (``F.normalize(x) * sqrt(d) * g``): the true positive beside it."""
+
+    def __init__(self, dim: int = 8):
+        super().__init__()
+        self.g = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return F.normalize(x, dim=-1) * x.shape[-1] ** 0.5 * self.g
+
+
+class Heads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.v = nn.Linear(8, 8)
+        self.xsa = ExclusiveSelfAttention()
+        self.norm = UnitNorm()
+
+    def forward(self, x):  # x: (B, S, H, D)
+        return self.norm(self.xsa(x, self.v(x)))
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_unit_direction_of_a_projection_is_no_site(method):
+    cap = capture_model(Heads(), (torch.randn(2, 5, 4, 8),), on_meta=False, methods=(method,))
+    assert cap.method == method, cap.attempts
+    records = collect_facts(FactContext(cap=cap, probe_model=Heads())).records
+    assert [(r.site.module, r.site.kind, r.site.reduced_dims) for r in records] == [("norm", "RMSNorm", [3])]

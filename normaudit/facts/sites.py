@@ -588,28 +588,49 @@ def _buffer_stat(scale_in: fx.Node, act: Optional[set]) -> Optional[tuple[fx.Nod
     return node, eps
 
 
+#: :func:`forward_walk` step result: go on through this user.
+FOLLOW = object()
+
+
+def forward_walk(start: fx.Node, step, depth: int = 6) -> Any:
+    """Breadth-first over the users of ``start``, level by level, at most ``depth`` levels: the bounded forward
+    walk of site discovery and of weight roles. ``step(user, node)`` (``user`` a user of ``node``) returns
+    :data:`FOLLOW` to walk on through ``user``, None to go no further that way, or any other value to end the
+    walk with it. Returns that value, or None when no step ended it."""
+    frontier = [start]
+    for _ in range(depth):
+        nxt = []
+        for n in frontier:
+            for user in n.users:
+                got = step(user, n)
+                if got is FOLLOW:
+                    nxt.append(user)
+                elif got is not None:
+                    return got
+        if not nxt:
+            return None
+        frontier = nxt
+    return None
+
+
 def _apply_to_activation(scale: fx.Node, act: set) -> Optional[tuple[fx.Node, fx.Node, bool]]:
     """Follow ``scale`` (a function of buffers) forward through products with other non-activations and
     reshapes to the mul/div that applies it to an activation: (that node, the activation, a gain was
     multiplied in on the way), or None."""
-    frontier, gain = [scale], False
-    for _ in range(6):
-        nxt = []
-        for n in frontier:
-            for user in n.users:
-                name = op_name(user)
-                others = [a for a in user.args[:2] if a is not n]
-                if name in ("mul", "div") and others and _is_act(others[0], act):
-                    if name == "div" and user.args[0] is n:
-                        continue
-                    return user, others[0], gain
-                if name == "mul" and others and isinstance(others[0], fx.Node) and others[0] not in act:
-                    gain = True
-                    nxt.append(user)
-                elif name in NEUTRAL_OPS or name in _SCALE_PATH:
-                    nxt.append(user)
-        frontier = nxt
-    return None
+    gain = False
+
+    def step(user: fx.Node, n: fx.Node) -> Any:
+        nonlocal gain
+        name = op_name(user)
+        others = [a for a in user.args[:2] if a is not n]
+        if name in ("mul", "div") and others and _is_act(others[0], act):
+            return None if name == "div" and user.args[0] is n else (user, others[0], gain)
+        if name == "mul" and others and isinstance(others[0], fx.Node) and others[0] not in act:
+            gain = True
+            return FOLLOW
+        return FOLLOW if name in NEUTRAL_OPS or name in _SCALE_PATH else None
+
+    return forward_walk(scale, step)
 
 
 def _grn_stat(norm: fx.Node) -> Optional[tuple[fx.Node, tuple[int, ...], fx.Node, Optional[float]]]:
@@ -642,42 +663,35 @@ def _learned_rescale(normed: fx.Node, act: Optional[set]) -> bool:
     (CLIP's ``text_n @ image_n^T * logit_scale.exp()``: no softmax in the forward)."""
     if act is None:
         return False
-    frontier, through_scores = [normed], False
-    for _ in range(6):
-        nxt = []
-        for n in frontier:
-            for u in n.users:
-                name = op_name(u)
-                others = [a for a in u.args[:2] if a is not n]
-                if name in ("mul", "div") and others:
-                    o = others[0]
-                    if isinstance(o, fx.Node) and o not in act:
-                        return not through_scores or _feeds_softmax(u)
-                    if not isinstance(o, fx.Node):
-                        nxt.append(u)  # a constant: sqrt(d)
-                elif name in ("matmul", "bmm"):
-                    through_scores = True
-                    nxt.append(u)
-                elif name in NEUTRAL_OPS or name in _VIEW_OPS + _SCALE_PATH:
-                    nxt.append(u)
-        frontier = nxt
-    return False
+    through_scores = False
+
+    def step(u: fx.Node, n: fx.Node) -> Any:
+        nonlocal through_scores
+        name = op_name(u)
+        others = [a for a in u.args[:2] if a is not n]
+        if name in ("mul", "div") and others:
+            o = others[0]
+            if isinstance(o, fx.Node) and o not in act:
+                return not through_scores or _feeds_softmax(u)
+            return None if isinstance(o, fx.Node) else FOLLOW  # a constant: sqrt(d)
+        if name in ("matmul", "bmm"):
+            through_scores = True
+            return FOLLOW
+        return FOLLOW if name in NEUTRAL_OPS or name in _VIEW_OPS + _SCALE_PATH else None
+
+    return bool(forward_walk(normed, step))
 
 
 def _feeds_softmax(node: fx.Node) -> bool:
     """``node`` reaches a softmax within a few elementwise steps (a position bias, a mask, a view)."""
-    frontier = [node]
-    for _ in range(6):
-        nxt = []
-        for n in frontier:
-            for u in n.users:
-                name = op_name(u)
-                if name in ("softmax", "_softmax", "_safe_softmax", "log_softmax"):
-                    return True
-                if name in ("add", "sub", "mul", "div", "masked_fill", "where") or name in NEUTRAL_OPS + _VIEW_OPS:
-                    nxt.append(u)
-        frontier = nxt
-    return False
+    def step(u: fx.Node, n: fx.Node) -> Any:
+        name = op_name(u)
+        if name in ("softmax", "_softmax", "_safe_softmax", "log_softmax"):
+            return True
+        return FOLLOW if name in ("add", "sub", "mul", "div", "masked_fill", "where") \
+            or name in NEUTRAL_OPS + _VIEW_OPS else None
+
+    return bool(forward_walk(node, step))
 
 
 def _is_root(node: fx.Node) -> bool:
@@ -774,10 +788,32 @@ def _add_l2(node: fx.Node, act: Optional[set], add_pattern, modules) -> None:
         applied = _apply_node(scale, src, "div")
         if applied is None or op_name(applied) != "div":
             return
-    if not _norm_like(modules.get(path)) and not _learned_rescale(applied, act):
-        return
-    rec = add_pattern(path, node, node, applied, src, dims, False, "mean_square", eps, how)
-    rec.hints["statistic"] = "l2_norm"
+    if _learned_rescale(applied, act) or (_norm_like(modules.get(path))
+                                          and not _mixed_with_activation(applied, act, path, modules)):
+        rec = add_pattern(path, node, node, applied, src, dims, False, "mean_square", eps, how)
+        rec.hints["statistic"] = "l2_norm"
+
+
+def _mixed_with_activation(normed: fx.Node, act: Optional[set], path: str, modules) -> bool:
+    """Inside its module, the L2-normalised tensor is multiplied by another activation tensor
+    (``(a * unit).sum(-1)``, ``a @ unit``; not a size read off the input, ``x.shape[-1] ** 0.5``): a unit
+    direction for a projection, not a norm's output, which a module that is only a norm scales by parameters
+    alone (transformers NeoMME's exclusive self-attention, parameters a per-head ``alpha``:
+    ``attn - tanh(alpha) * (attn * v_unit).sum(-1, keepdim=True) * v_unit``)."""
+    if act is None:
+        return False
+    derived, frontier = {normed}, [normed]
+    while frontier:
+        for u in frontier.pop().users:
+            if u in derived or owner(u, modules) != path:
+                continue
+            derived.add(u)
+            frontier.append(u)
+            if op_name(u) in ("mul", "matmul", "bmm") and any(
+                    _is_act(a, act) and a not in derived and math.prod(shape(a) or (1,)) > 1
+                    and not _feeds_from(a, normed) for a in u.args[:2]):
+                return True
+    return False
 
 
 def _retraced_frozen_batchnorm(mod: nn.Module, x: fx.Node) -> Optional[tuple[Optional[float], int, bool]]:

@@ -115,29 +115,27 @@ def _norm_op_role(user: fx.Node, value: fx.Node) -> Optional[str]:
 def _role(node: fx.Node) -> tuple[Optional[str], Optional[str]]:
     """(``gain``/``bias``/None, gain form) of a parameter node: the weight/bias argument of a functional norm, or
     its first arithmetic use (``* p`` gain, ``* (1 + p)`` gain of the (1 + weight) form, ``+ p`` bias)."""
-    frontier, plus_one = [node], False
-    for _ in range(8):
-        nxt = []
-        for n in frontier:
-            for user in n.users:
-                name = op_name(user)
-                if name in NORM_OPS and not plus_one:
-                    role = _norm_op_role(user, n)
-                    if role:
-                        return role, "weight" if role == "gain" else None
-                if name in _PATH_OPS:
-                    nxt.append(user)
-                elif name == "add" and scalar_operand(user) == 1.0 and not plus_one:
-                    plus_one = True
-                    nxt.append(user)
-                elif name in ("mul", "div"):
-                    return "gain", "one_plus_weight" if plus_one else "weight"
-                elif name in ("add", "sub") and not plus_one:
-                    return "bias", None
-        if not nxt:
-            break
-        frontier = nxt
-    return None, None
+    from normaudit.facts.sites import FOLLOW, forward_walk
+
+    plus_one = False
+
+    def step(user: fx.Node, n: fx.Node) -> Any:
+        nonlocal plus_one
+        name = op_name(user)
+        if name in NORM_OPS and not plus_one:
+            role = _norm_op_role(user, n)
+            if role:
+                return role, "weight" if role == "gain" else None
+        if name in _PATH_OPS:
+            return FOLLOW
+        if name == "add" and scalar_operand(user) == 1.0 and not plus_one:
+            plus_one = True
+            return FOLLOW
+        if name in ("mul", "div"):
+            return "gain", "one_plus_weight" if plus_one else "weight"
+        return ("bias", None) if name in ("add", "sub") and not plus_one else None
+
+    return forward_walk(node, step, depth=8) or (None, None)
 
 
 def param_roles(site: Any, names: list[str], gm: Optional[fx.GraphModule] = None,
