@@ -406,7 +406,9 @@ def _finding(compiled: CompiledRule, names: dict[str, Any], severity: str, site:
     if site is not None and rule.locate == "computation":
         source = site.computation or site.source
     if site is None and module:
-        match = next((s for s in sites if s.module == module), None)
+        # a site of that module, else a norm module that is no site (registered, never applied: NP107)
+        match = next((s for s in sites if s.module == module), None) \
+            or next((u for u in getattr(names.get("model"), "unused_norms", None) or [] if u.module == module), None)
         source = match.source if match else None
     return Finding(rule_id=rule.id, rule_name=rule.name, category=rule.category, severity=severity,
                    confidence=rule.confidence, module=module, message=message, fix=fix, source=source)
