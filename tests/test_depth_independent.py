@@ -184,3 +184,48 @@ def test_rules_see_every_carried_block_as_its_own_site(rules):
     assert "blocks.3..6 carried over from blocks.2" in next(a.method for a in fast.capture.attempts if a.ok)
     assert comparable(fast) == comparable(_audit(_Stack((0.0,) * 8), rules, False))
     assert [f.module for f in fast.findings if f.rule_id == "NE103"] == [f"blocks.{i}.norm" for i in range(8)]
+
+
+class _NumberedBlock(nn.Module):
+    """A block whose forward reads its number: block 5 normalises with another eps (the signature, which
+    leaves block numbers out, cannot see it)."""
+
+    def __init__(self, d: int, layer_idx: int, read_always: bool):
+        super().__init__()
+        self.layer_idx, self.read_always = layer_idx, read_always
+        self.weight = nn.Parameter(torch.ones(d))
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x, cache=None):
+        eps = 1e-5
+        if self.read_always or cache is not None:
+            eps = 1e-3 if self.layer_idx == 5 else 1e-5
+        return x + self.fc(torch.nn.functional.layer_norm(x, (x.shape[-1],), self.weight, None, eps))
+
+
+class _NumberedStack(nn.Module):
+    def __init__(self, read_always: bool):
+        super().__init__()
+        self.blocks = nn.ModuleList(_NumberedBlock(8, i, read_always) for i in range(8))
+
+    def forward(self, x):
+        for blk in self.blocks:
+            x = blk(x)
+        return x
+
+
+@pytest.mark.usefixtures("deep_enough")
+def test_a_block_reading_its_number_is_captured_whole(rules):
+    assert [s.path for s in repeats.find_stacks(_NumberedStack(True), {})] == ["blocks"]
+    full, fast = _audit(_NumberedStack(True), rules, False), _audit(_NumberedStack(True), rules, True)
+    assert not any("depth-independent" in a.method for a in fast.capture.attempts)
+    assert comparable(fast) == comparable(full)
+    assert [(f.rule_id, f.module) for f in fast.findings if f.rule_id.startswith("NE")] == [("NE102", "blocks.5")]
+
+
+@pytest.mark.usefixtures("deep_enough")
+def test_a_block_number_read_only_for_a_cache_keeps_the_reduced_capture(rules):
+    full, fast = _audit(_NumberedStack(False), rules, False), _audit(_NumberedStack(False), rules, True)
+    assert "blocks.3..6 carried over from blocks.2" in next(a.method for a in fast.capture.attempts if a.ok)
+    assert comparable(fast) == comparable(full)
+    assert [s.eps for s in fast.sites] == [1e-5] * 8

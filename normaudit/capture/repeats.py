@@ -15,7 +15,7 @@ and facts up to its module path. Here:
 3. :func:`check_reduced` proves on that run that the stack is iterated in order with shape-preserving blocks:
    an eager forward on fake tensors calls the kept blocks once each, in order, and blocks ``1``, ``2`` and
    ``N-1`` receive inputs of identical shapes and dtypes (keyword inputs too) and return their first input's
-   shape.
+   shape; and no kept block reads its block number (:data:`INDEX_ATTRS`, left out of the signature) meanwhile.
 4. :func:`expand_facts` checks translation invariance (the sites of block 1, renamed to block 2, equal those of
    block 2, extras and placement included; both are middle blocks) and then clones the sites of block 2 for each
    elided block ``3 .. N-2``, renamed, inserting them in graph order; ``model.blocks``,
@@ -29,6 +29,7 @@ on every test model) at the capture cost of four blocks per stack.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -42,7 +43,8 @@ from torch import nn
 #: a stack needs at least this many blocks for elision to pay (blocks 0, 1, 2 and N-1 are kept)
 MIN_BLOCKS = 6
 #: integer attributes that number a block within its stack (the KV-cache slot of Hugging Face attention);
-#: they may differ between otherwise identical blocks: with ``use_cache=False`` they index nothing
+#: they may differ between otherwise identical blocks: with ``use_cache=False`` they index nothing, which
+#: :func:`check_reduced` checks (a block reading one in its forward is no proven copy of another)
 INDEX_ATTRS = frozenset({"layer_idx", "layer_id", "layer_index", "layer_number", "block_idx", "block_index"})
 #: kept blocks of a stack of N: the first, two middle ones (the second is the representative) and the last
 KEEP = (0, 1, 2, -1)
@@ -254,13 +256,15 @@ def check_reduced(plan: RepeatPlan, cap: Any, inputs: Any, dtype: torch.dtype) -
             kwargs.setdefault("use_cache", False)
         from normaudit.capture import _quiet
 
-        with _quiet(), mode, torch.no_grad():
+        with _quiet(), mode, torch.no_grad(), _index_reads(plan, modules) as index_reads:
             root(*args, **kwargs)
     except Exception:  # noqa: BLE001 - any doubt: the full capture
         return False
     finally:
         for h in handles:
             h.remove()
+    if index_reads:
+        return False  # a block read its number (INDEX_ATTRS): its computation may depend on it
     for s in plan.stacks:
         seen = [c for c in calls if c[0].rpartition(".")[0] == s.path]
         if [c[0] for c in seen] != [s.child(n) for n in s.kept]:
@@ -275,6 +279,42 @@ def check_reduced(plan: RepeatPlan, cap: Any, inputs: Any, dtype: torch.dtype) -
             if first_in is None or _shape_only(first_out) != _shape_only(first_in):
                 return False
     return True
+
+
+@contextlib.contextmanager
+def _index_reads(plan: RepeatPlan, modules: dict[str, nn.Module]):
+    """Record the reads of the block numbers (:data:`INDEX_ATTRS`, left out of :func:`block_signature`) of the
+    kept blocks' modules meanwhile: yields the list of ``(path, attribute)`` read. Each such module is given,
+    for the time being, a subclass of its class (same name) whose property of that name records the read and
+    returns the value; an assignment to it raises."""
+    reads: list[tuple[str, str]] = []
+    swapped: list[tuple[nn.Module, type]] = []
+    classes: dict[tuple[type, tuple[str, ...]], type] = {}
+    try:
+        for s in plan.stacks:
+            for name in s.kept:
+                for rel, m in modules[s.child(name)].named_modules(prefix=s.child(name)):
+                    attrs = tuple(sorted(k for k, v in m.__dict__.items() if k in INDEX_ATTRS and isinstance(v, int)))
+                    if not attrs:
+                        continue
+                    key = (type(m), attrs)
+                    if key not in classes:
+                        props = {a: property(lambda self, a=a: _record(self, a, reads)) for a in attrs}
+                        classes[key] = type(type(m).__name__, (type(m),), {
+                            **props, "__module__": type(m).__module__, "__qualname__": type(m).__qualname__})
+                    swapped.append((m, type(m)))
+                    m.__dict__["_normaudit_path"] = rel
+                    m.__class__ = classes[key]
+        yield reads
+    finally:
+        for m, cls in swapped:
+            m.__class__ = cls
+            m.__dict__.pop("_normaudit_path", None)
+
+
+def _record(module: nn.Module, attr: str, reads: list) -> Any:
+    reads.append((module.__dict__.get("_normaudit_path"), attr))
+    return module.__dict__[attr]
 
 
 def _shape_only(v: Any) -> Any:
