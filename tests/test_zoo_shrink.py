@@ -37,7 +37,7 @@ def test_wide_level_keeps_full_size_heads():
                                     "num_hidden_layers": 80, "head_dim": 128}, "wide")
     assert (d["hidden_size"], d["num_attention_heads"], d["intermediate_size"], d["num_hidden_layers"],
             d["head_dim"]) == (512, 4, 1024, 2, 128)
-    assert targets.SHRINK_LEVELS == ("small", "wide", "layers", "default")
+    assert targets.SHRINK_LEVELS == ("small", "small3", "wide", "layers", "default")
 
 
 def test_meta_forward_tells_a_shrink_that_breaks_the_model():
@@ -55,3 +55,87 @@ def test_meta_forward_tells_a_shrink_that_breaks_the_model():
         results[level] = forward.runs_on_meta(model, config)
     assert results["small"][0] is False and "split_with_sizes" in results["small"][1]
     assert results["wide"] == (True, "input_ids")
+
+
+def test_expert_groups_still_divide_the_shrunk_experts():
+    # DeepSeek-V3.2 / AXK1: 256 experts in 8 routing groups, 4 groups picked; at 4 experts, 8 groups of 0
+    # experts made the router's view(-1, 8, 0) fail; each group keeps 2 experts (its score sums its best 2)
+    d = targets.shrink_config_dict({"hidden_size": 7168, "n_routed_experts": 256, "n_group": 8, "topk_group": 4,
+                                    "num_experts_per_tok": 8})
+    assert (d["n_routed_experts"], d["n_group"], d["topk_group"], d["num_experts_per_tok"]) == (4, 2, 2, 2)
+
+
+def test_experts_per_token_spellings_are_cut():
+    # Kimi-Linear / Bailing: num_experts_per_token 8 of 4 experts: topk out of range
+    d = targets.shrink_config_dict({"hidden_size": 2048, "num_experts": 256, "num_experts_per_token": 8,
+                                    "moe_top_k": 6})
+    assert (d["num_experts"], d["num_experts_per_token"], d["moe_top_k"]) == (4, 2, 2)
+
+
+def test_heads_times_head_width_stays_expand_times_hidden():
+    # Mamba2's validator: hidden_size * expand == num_heads * head_dim; n_groups divides the heads
+    d = targets.shrink_config_dict({"hidden_size": 4096, "expand": 2, "num_heads": 128, "head_dim": 64,
+                                    "n_groups": 8})
+    assert (d["hidden_size"], d["num_heads"], d["head_dim"], d["n_groups"]) == (64, 4, 32, 4)
+    # Bamba: the same relation under a prefix (mamba_n_heads with mamba_d_head)
+    d = targets.shrink_config_dict({"hidden_size": 4096, "mamba_expand": 2, "mamba_n_heads": 128,
+                                    "mamba_d_head": 64, "num_attention_heads": 32, "head_dim": 128})
+    assert (d["mamba_n_heads"], d["mamba_d_head"], d["num_attention_heads"], d["head_dim"]) == (4, 32, 4, 16)
+
+
+def test_width_multiples_of_the_model_width_are_kept():
+    # Zamba2: attention_hidden_size = 2 * hidden_size, attention_head_dim = attention_hidden_size / heads,
+    # mamba_headdim * n_mamba_heads = mamba_expand * hidden_size
+    d = targets.shrink_config_dict({"hidden_size": 2560, "attention_hidden_size": 5120, "num_attention_heads": 32,
+                                    "attention_head_dim": 160, "n_mamba_heads": 8, "mamba_headdim": 640,
+                                    "mamba_expand": 2})
+    assert (d["attention_hidden_size"], d["attention_head_dim"], d["n_mamba_heads"], d["mamba_headdim"]) == \
+        (128, 32, 4, 32)
+
+
+def test_layer_index_lists_point_into_the_shrunk_depth():
+    layer_types = ["mamba"] * 5 + ["hybrid"] + ["mamba"] * 48
+    d = targets.shrink_config_dict({"num_hidden_layers": 54, "hybrid_layer_ids": [6, 12, 18, 24, 30, 36],
+                                    "layers_block_type": layer_types, "global_attn_indexes": [0, 1],
+                                    "encode_proj_layers": [2], "hidden_size": 256})
+    assert d["hybrid_layer_ids"] == [1] and d["layers_block_type"] == ["mamba", "hybrid"]
+    # indices already inside the depth, and feature-map indices, stay
+    assert d["global_attn_indexes"] == [0, 1] and d["encode_proj_layers"] == [2]
+
+
+def test_stage_widths_stay_multiples_of_group_norm_groups():
+    # BiT: GroupNorm(32) over every stage width; widths cut to 16.. made 8 channels of 32 groups
+    d = targets.shrink_config_dict({"hidden_sizes": [256, 512, 1024, 2048], "num_groups": 32, "depths": [3, 4, 6, 3]})
+    assert d["hidden_sizes"] == [32, 64, 128, 256] and d["depths"] == [2, 2, 2, 2]
+
+
+def test_small3_level_widths_divide_by_three():
+    # LiLT: four 2-D position embeddings of hidden_size // 6 concatenated back to hidden_size
+    d = targets.shrink_config_dict({"hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072,
+                                    "head_dim": 64}, "small3")
+    assert (d["hidden_size"], d["num_attention_heads"], d["intermediate_size"], d["head_dim"]) == (96, 4, 192, 24)
+    assert d["hidden_size"] // 6 * 6 == d["hidden_size"]
+
+
+@pytest.mark.parametrize("model_type, level", [("deepseek_v32", "small"), ("mamba2", "small"), ("zamba2", "small"),
+                                               ("kimi_linear", "small"), ("lilt", "small3")])
+def test_shrunk_config_builds_and_runs_a_forward(model_type, level):
+    # the level the sweep picks for these types builds on meta and runs for real on CPU with every norm
+    # module called (before: each fell back to a shrink whose forward failed, measured as NK101). A forward on
+    # meta tensors is no judge: the meta grouped_mm of MoE experts refuses float32, and lilt's meta forward
+    # stops on .item() before the mismatched matmul
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    forward = pytest.importorskip("forward")
+    if model_type not in transformers.CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no {model_type}")
+    cls = transformers.CONFIG_MAPPING[model_type]
+    config = cls.from_dict(targets.shrink_config_dict(cls().to_dict(), level))
+    with torch.device("meta"):
+        meta = transformers.AutoModel.from_config(config)
+    assert sum(p.numel() for p in meta.parameters()) < 50_000_000
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(config)
+    called, label = forward.forward_norms(model, config)
+    assert called is not None, label
+    assert called == set(forward.norm_modules(model))

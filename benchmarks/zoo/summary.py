@@ -6,14 +6,16 @@ Definitions used by both:
 - recall of one model: of the norm modules a real forward called (:mod:`forward`), the fraction that
   are the module of a site found in a captured graph (``module_walk`` sites, found by walking modules
   without a graph, do not count: they carry no axes, placement or formula facts); ``full recall`` is
-  that fraction being 1. ``recall_any`` counts every site.
+  that fraction being 1. ``recall_any`` counts every site;
+- covered: captured (whole graph or parts) with every forward-called norm module a graph site;
+- exact sites: the graph sites' modules are exactly the forward-called norm modules;
+- crash: exit 3, an exception the worker caught, or a worker that died.
 """
 from __future__ import annotations
 
 import csv
 import re
 import statistics
-from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -103,53 +105,100 @@ def _pct(n: int, d: int) -> str:
     return f"{n} / {d} ({100 * n / d:.1f}%)" if d else "0 / 0"
 
 
-def corpus_lines(rs: list[dict[str, Any]], corpus: str) -> list[str]:
-    """The Markdown figures of one corpus."""
+def crashed(r: dict[str, Any]) -> bool:
+    """normaudit exited 3 (internal error), the worker caught an exception, or the worker process died."""
+    return r.get("exit") in (3, "crash", "worker died")
+
+
+def covered(r: dict[str, Any]) -> bool:
+    """Captured as a graph (whole model or parts) with every norm module a forward called a graph site; where
+    no forward ran, the report's own ``complete`` (every norm module reached by the capture)."""
+    if not captured(r):
+        return False
+    return not missing(r) if r.get("fwd_norms") is not None else bool(r.get("complete"))
+
+
+def exact_sites(r: dict[str, Any]) -> Optional[bool]:
+    """Whether the graph sites' modules equal the norm modules a forward called (None: no forward ran)."""
+    if not audited(r) or r.get("fwd_norms") is None:
+        return None
+    return set(r.get("graph_site_modules") or []) == set(r["fwd_norms"])
+
+
+def _time(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} / {max(values):.1f}" if values else "n/a"
+
+
+def corpus_figures(rs: list[dict[str, Any]]) -> dict[str, str]:
+    """The closing note's figures of one corpus, as ``{row label: cell}`` (Markdown table cells).
+
+    Denominators: "built" for capture and crash rows (a target whose shrunk config no level builds is the
+    sweep's, not normaudit's), "audited" (exit 0/1) for clean, "measured" (a real forward ran) for recall."""
     built = [r for r in rs if r.get("exit") != "build"]
     aud = [r for r in built if audited(r)]
-    exits = Counter(str(r.get("exit")) for r in built)
-    recs = [x for x in (recall(r) for r in aud) if x is not None]
-    recs_any = [x for x in (recall(r, "site_modules") for r in aud) if x is not None]
-    times = [r["audit_s"] for r in aud if "audit_s" in r]
-    cpu = [r["cpu_s"] for r in rs if r.get("cpu_s") is not None]
-    timeouts = [r["name"] for r in rs if r.get("exit") == "timeout"]
+    measured = [r for r in aud if r.get("fwd_norms") is not None]
     flagged = [r for r in aud if r.get("findings")]
-    non_capture = [r for r in aud if any(f["rule"] != "NK101" for f in r.get("findings") or [])]
-    rules = Counter(f["rule"] for r in aud for f in r.get("findings") or [])
-    lines = [f"## {corpus}", "",
-             f"- targets: {len(rs)}; built from small configs: {len(built)} "
-             f"(not built: {len(rs) - len(built)})",
-             f"- exit codes: {dict(sorted(exits.items()))}",
-             f"- audited (exit 0/1): {_pct(len(aud), len(built))}",
-             f"- captured as a graph: {_pct(sum(captured(r) for r in built), len(built))}",
-             f"- clean (no warning/error finding): {_pct(len(aud) - len(flagged), len(aud))}",
-             f"- with a warning/error finding other than NK101 (capture failed): "
-             f"{_pct(len(non_capture), len(aud))}",
-             f"- recall measured (a real forward ran): {len(recs)}; full recall (every called norm is a "
-             f"site): {_pct(sum(1 for x in recs if x == 1.0), len(recs))}; mean recall "
-             f"{statistics.mean(recs) if recs else 0:.3f} (graph sites; counting module-walk sites too: "
-             f"full {_pct(sum(1 for x in recs_any if x == 1.0), len(recs_any))})",
-             f"- graph sites on modules that are no norm module called by the forward (functional or "
-             f"hand-written norms, or no norm at all): {sum(len(extra(r)) for r in aud)} in "
-             f"{sum(1 for r in aud if extra(r))} models",
-             f"- norm modules never called by the forward (not audited by any graph): "
-             f"{sum(len(r.get('norm_modules') or {}) - len(r['fwd_norms']) for r in aud if r.get('fwd_norms') is not None)}"
-             f" in {sum(1 for r in aud if r.get('fwd_norms') is not None and len(r['fwd_norms']) < len(r.get('norm_modules') or {}))} models",
-             f"- audit time per model: median {statistics.median(times) if times else 0:.1f} s, "
-             f"max {max(times) if times else 0:.1f} s (wall, on a shared machine); CPU per target (build, "
-             f"audit, forward): median {statistics.median(cpu) if cpu else 0:.1f} s, total "
-             f"{sum(cpu) / 60:.1f} min",
-             f"- timeouts: {len(timeouts)} {timeouts[:20]}",
-             f"- findings at warning+ by rule: {dict(rules.most_common())}", ""]
+    superset = [r for r in measured if not missing(r)]
+    return {
+        "targets": str(len(rs)),
+        "built (small config / timm model)": _pct(len(built), len(rs)),
+        "audited (exit 0 or 1)": _pct(len(aud), len(built)),
+        "exit 2 (refused)": str(sum(1 for r in built if r.get("exit") == 2)),
+        "crashes (exit 3, worker error)": str(sum(1 for r in built if crashed(r))),
+        "timeouts": str(sum(1 for r in built if r.get("exit") == "timeout")),
+        "captured as a graph": _pct(sum(captured(r) for r in built), len(built)),
+        "graph or parts covering every norm": _pct(sum(covered(r) for r in built), len(built)),
+        "clean (no warning/error finding)": _pct(len(aud) - len(flagged), len(aud)),
+        "recall measured (a forward ran)": _pct(len(measured), len(aud)),
+        "every forward norm is a graph site": _pct(len(superset), len(measured)),
+        "graph sites = forward norms": _pct(sum(1 for r in measured if exact_sites(r)), len(measured)),
+        "audit s per model, median / max": _time([r["audit_s"] for r in aud if r.get("audit_s") is not None]),
+        "target s (build + audit + forward), median / max":
+            _time([r["total_s"] for r in rs if r.get("total_s") is not None]),
+        "CPU min, all targets": f"{sum(r.get('cpu_s') or 0 for r in rs) / 60:.1f}",
+    }
+
+
+def findings_by_rule(rs: list[dict[str, Any]]) -> list[tuple[str, str, list[str]]]:
+    """``(rule, severity, sorted model names)`` of every warning/error finding, most models first."""
+    models: dict[tuple[str, str], set[str]] = {}
+    for r in rs:
+        for f in r.get("findings") or []:
+            models.setdefault((f["rule"], f["severity"]), set()).add(r["name"])
+    return sorted(((rule, sev, sorted(names)) for (rule, sev), names in models.items()),
+                  key=lambda x: (-len(x[2]), x[0]))
+
+
+def _failures(rs: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines naming the targets not built, crashed, timed out or refused (exit 2), with the error."""
+    lines = []
+    for label, test in (("not built", lambda r: r.get("exit") == "build"), ("crash", crashed),
+                        ("timeout", lambda r: r.get("exit") == "timeout"), ("exit 2", lambda r: r.get("exit") == 2)):
+        for r in (r for r in rs if test(r)):
+            error = " ".join(str(r.get("error") or r.get("capture_error") or "").split())[:160]
+            lines.append(f"- {label}: `{r['name']}`: {error}")
     return lines
 
 
 def write_markdown(results: Iterable[dict[str, Any]], path: Path, wall_file: Optional[Path] = None) -> None:
-    """``summary.md``: per corpus counts, % clean, % captured, recall, median/max time per model."""
+    """``summary.md``: one table (a row per figure of :func:`corpus_figures`, a column per corpus), then per
+    corpus the warning/error findings by rule with the models named, and the failed targets."""
     rs = latest(results)
+    corpora = sorted({r["corpus"] for r in rs})
+    by_corpus = {c: [r for r in rs if r["corpus"] == c] for c in corpora}
+    figures = {c: corpus_figures(by_corpus[c]) for c in corpora}
     lines = ["# normaudit zoo sweep", ""]
     if wall_file is not None and wall_file.is_file():
         lines += [f"Wall time of the sweep: {int(wall_file.read_text()) / 60:.1f} min", ""]
-    for corpus in sorted({r["corpus"] for r in rs}):
-        lines += corpus_lines([r for r in rs if r["corpus"] == corpus], corpus)
+    lines += ["| | " + " | ".join(corpora) + " |", "|---|" + "---|" * len(corpora)]
+    for row in (figures[corpora[0]] if corpora else {}):
+        lines.append(f"| {row} | " + " | ".join(figures[c][row] for c in corpora) + " |")
+    for corpus in corpora:
+        lines += ["", f"## {corpus}: findings at warning or error, by rule", ""]
+        rules = findings_by_rule(by_corpus[corpus])
+        lines += ["| rule | severity | models | names |", "|---|---|---|---|"] if rules else ["none"]
+        lines += [f"| {rule} | {sev} | {len(names)} | {', '.join(names)} |" for rule, sev, names in rules]
+        failed = _failures(by_corpus[corpus])
+        if failed:
+            lines += ["", f"## {corpus}: not built, crashed, timed out, refused", ""] + failed
     path.write_text("\n".join(lines) + "\n")

@@ -13,28 +13,30 @@ estimated cheaply: names are ranked by their size word (``atto`` < ``femto`` < .
 from __future__ import annotations
 
 import copy
+import math
 import re
 from typing import Any
 
-#: Shrink levels tried in order: "small" (all sizes), "wide" (depth and counts, widths of one 128-wide head
-#: per head: rotary sections and head-dim tables written for full-size heads still fit), "layers" (only
-#: depth), "default" (config as is).
-SHRINK_LEVELS = ("small", "wide", "layers", "default")
+#: Shrink levels tried in order: "small" (all sizes), "small3" (the same with widths of 96 = 2^5 * 3: models
+#: that take ``hidden_size // 6`` or ``// 3`` per part, LiLT's 2-D position embeddings), "wide" (depth and
+#: counts, widths of one 128-wide head per head: rotary sections and head-dim tables written for full-size
+#: heads still fit), "layers" (only depth), "default" (config as is).
+SHRINK_LEVELS = ("small", "small3", "wide", "layers", "default")
 
 HIDDEN = 64
 HEADS = 4
 LAYERS = 2
 FFN = 128
 #: (hidden, FFN, factor on :data:`_SMALL_DIMS`) of the levels that shrink widths
-WIDTHS = {"small": (HIDDEN, FFN, 1), "wide": (512, 1024, 8)}
+WIDTHS = {"small": (HIDDEN, FFN, 1), "small3": (96, 192, 1.5), "wide": (512, 1024, 8)}
 
 _LAYER_KEYS = re.compile(
     r"^(num_hidden_layers|num_layers|n_layers?|encoder_layers|decoder_layers|num_encoder_layers|"
     r"num_decoder_layers|num_.*_layers|.*_num_layers|num_blocks|n_blocks|depth|num_hidden_blocks|"
     r"text_layers|vision_layers)$")
 _HEAD_KEYS = re.compile(r"^(num_attention_heads|n_heads?|encoder_attention_heads|decoder_attention_heads|"
-                        r"num_heads|attention_heads|.*_attention_heads|.*_num_heads)$")
-_KV_KEYS = re.compile(r"^(num_key_value_heads|num_kv_heads|n_kv_heads|multi_query_group_num)$")
+                        r"num_heads|attention_heads|.*_attention_heads|.*_num_heads|.*_n_heads)$")
+_KV_KEYS = re.compile(r"^(.*_)?(num_key_value_heads|num_kv_heads|n_kv_heads|multi_query_group_num)$")
 _HIDDEN_KEYS = re.compile(r"^(hidden_size|d_model|n_embd|embed_dim|dim|hidden_dim|model_dim|word_embed_proj_dim|"
                           r"embedding_size|projection_dim|text_embed_dim|vision_embed_dim|n_embed|emb_dim|"
                           r"d_embed|hidden_channels)$")
@@ -43,7 +45,8 @@ _FFN_KEYS = re.compile(r"^(intermediate_size|ffn_dim|encoder_ffn_dim|decoder_ffn
                        r"ffn_hidden_size|mlp_dim|d_inner|dim_feedforward|inner_dim|feed_forward_size|"
                        r".*_intermediate_size)$")
 _EXPERT_KEYS = re.compile(r"^(num_experts|n_routed_experts|num_local_experts|moe_num_experts|n_experts)$")
-_TOPK_KEYS = re.compile(r"^(num_experts_per_tok|moe_topk|top_k|num_selected_experts|moe_k)$")
+_TOPK_KEYS = re.compile(r"^(num_experts_per_tok|num_experts_per_token|moe_topk|moe_top_k|top_k|num_selected_experts|"
+                        r"moe_k)$")
 _SMALL_DIMS = {"head_dim": 16, "d_head": 16, "attention_head_size": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
                "kv_lora_rank": 32, "q_lora_rank": 32, "d_kv": 16, "attention_head_dim": 16}
 _TOKEN_KEY = re.compile(r".*(_token_id|_token_index|_token_ids|_id)$")
@@ -102,6 +105,25 @@ def _fit_layer_indices(d: dict[str, Any]) -> None:
             d[key] = [-1]
 
 
+#: int lists that index feature maps or levels, not layers: left alone by :func:`_fit_index_lists`
+_NOT_LAYER_INDICES = re.compile(r"out_indices|out_features|proj|return|summary|token|channels|size|dims?$")
+_INDEX_LIST = re.compile(r"(indices|indexes|idxs|_idx|_ids|_layers)$")
+
+
+def _fit_index_lists(d: dict[str, Any], old: int) -> None:
+    """Lists of layer indices (Zamba2 ``hybrid_layer_ids``, SAM ``global_attn_indexes``, Bamba
+    ``attn_layer_indices``, mllama ``cross_attention_layers``) that point past the shrunk depth: indices
+    beyond it become the last layer, as :func:`_keep_kinds` puts the rarer layer kinds last (a hybrid model
+    keeps one attention layer; with none, its cache has no attention layer to measure)."""
+    for key, value in list(d.items()):
+        if not (isinstance(value, list) and value and all(_is_int(v) for v in value)) or len(value) == old:
+            continue
+        if not _INDEX_LIST.search(key) or _NOT_LAYER_INDICES.search(key):
+            continue
+        if min(value) >= 0 and max(value) < old and max(value) >= LAYERS:
+            d[key] = sorted({min(v, LAYERS - 1) for v in value})
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -116,7 +138,8 @@ def _shrink_lists(d: dict[str, Any]) -> None:
         elif key in ("num_heads", "num_attention_heads", "attention_heads", "encoder_attention_heads"):
             d[key] = [min(v, 2) for v in value]
         elif key in ("hidden_sizes", "embed_dims", "dims", "embed_dim", "hidden_dims", "channels", "widths"):
-            f = max(1, value[0] // 16)
+            groups = d.get("num_groups") if _is_int(d.get("num_groups")) else 1  # GroupNorm groups (BiT)
+            f = max(1, value[0] // max(16, groups))
             if all(v % f == 0 for v in value):
                 d[key] = [max(v // f, 2) for v in value]
 
@@ -139,12 +162,14 @@ def shrink_config_dict(d: dict[str, Any], level: str = "small") -> dict[str, Any
             d[key] = shrink_config_dict(value, level)
     staged = any(isinstance(d.get(k), list) for k in ("depths", "hidden_sizes", "embed_dims"))
     layer_keys = [k for k, v in d.items() if _LAYER_KEYS.match(k) and _is_int(v) and v > LAYERS and not staged]
+    base_depths = [d[k] for k in layer_keys]
     for key in layer_keys:
         old = d[key]
         d[key] = LAYERS
         _truncate_per_layer(d, old, LAYERS)
     if layer_keys:
         _fit_layer_indices(d)
+        _fit_index_lists(d, max(base_depths))
     if level == "layers":
         return d
     _shrink_widths(d, *WIDTHS[level])
@@ -155,7 +180,7 @@ def shrink_config_dict(d: dict[str, Any], level: str = "small") -> dict[str, Any
 _HEAD_DIM_KEY = re.compile(r"^(.*_)?head_?dim$")
 
 
-def _shrink_widths(d: dict[str, Any], hidden: int = HIDDEN, ffn: int = FFN, factor: int = 1) -> None:
+def _shrink_widths(d: dict[str, Any], hidden: int = HIDDEN, ffn: int = FFN, factor: float = 1) -> None:
     """Set widths, heads, FFN sizes, expert counts and vocabulary of one config level to test sizes.
 
     Keys derived from others keep their relation: ``rotary_dim`` at most the head width, ``qk_head_dim``
@@ -163,7 +188,7 @@ def _shrink_widths(d: dict[str, Any], hidden: int = HIDDEN, ffn: int = FFN, fact
     and any other ``*head_dim`` key is cut like ``head_dim`` (Zamba2's ``mamba_headdim``).
     """
     base = dict(d)
-    small = {k: v * factor for k, v in _SMALL_DIMS.items()}
+    small = {k: int(v * factor) for k, v in _SMALL_DIMS.items()}
     heads_before = next((v for k, v in d.items() if _HEAD_KEYS.match(k) and _is_int(v)), None)
     for key, value in list(d.items()):
         if not _is_int(value) or value <= 0:
@@ -201,6 +226,82 @@ def _keep_derived(d: dict[str, Any], base: dict[str, Any], hidden: int) -> None:
             d["qk_head_dim"] = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
         if _is_int(base.get("head_dim")) and base["head_dim"] == base["qk_rope_head_dim"]:
             d["head_dim"] = d["qk_rope_head_dim"]
+    _keep_width_multiples(d, base)
+    _keep_head_products(d, base)
+    _keep_expert_groups(d)
+
+
+_PRIMARY_HIDDEN = ("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "hidden_dim", "model_dim")
+_EXPAND_KEYS = re.compile(r"^(.*_)?expand$")
+
+
+def _primary_hidden(d: dict[str, Any]) -> str | None:
+    return next((k for k in _PRIMARY_HIDDEN if _is_int(d.get(k))), None)
+
+
+def _keep_width_multiples(d: dict[str, Any], base: dict[str, Any]) -> None:
+    """A width key that was an integer multiple of the model width stays that multiple of the shrunk width
+    (Zamba2: ``attention_hidden_size = 2 * hidden_size``; shrunk alone to 64 both, the attention input
+    no longer matches the concatenation it is fed)."""
+    key = _primary_hidden(d)
+    if key is None or not _is_int(base.get(key)) or base[key] == d[key]:
+        return
+    for other, value in base.items():
+        if other == key or not (_is_int(value) and _is_int(d.get(other))) or d[other] == value:
+            continue
+        if (_HIDDEN_KEYS.match(other) or other.endswith("_hidden_size")) and value % base[key] == 0 \
+                and 1 < value // base[key] <= 4:
+            d[other] = d[key] * (value // base[key])
+
+
+_HEAD_COUNT = re.compile(r"^(?P<p>.*?)_?(num_attention_heads|num_heads|n_heads|n_head|attention_heads)$|"
+                         r"^n_(?P<q>.+)_heads$")
+_HEAD_WIDTH = re.compile(r"^(?P<p>.*?)_?(head_dim|headdim|d_head|attention_head_dim|attention_head_size)$")
+
+
+def _keep_head_products(d: dict[str, Any], base: dict[str, Any]) -> None:
+    """Heads × head width = a width stays true after the shrink (Mamba2/Bamba validators:
+    ``num_heads * head_dim == expand * hidden_size``; Zamba2: ``attention_head_dim`` of
+    ``attention_hidden_size``). Pairs are a head count and a head width of the same prefix (``mamba_n_heads``
+    with ``mamba_d_head``); a width is any hidden-like key, or ``expand`` times the model width. The count is
+    cut to at most :data:`HEADS`, the head width follows."""
+    widths = {k: (base[k], d[k]) for k in base if _is_int(base[k]) and _is_int(d.get(k))
+              and (_HIDDEN_KEYS.match(k) or k.endswith("_hidden_size"))}
+    key = _primary_hidden(d)
+    for e in (k for k in base if _EXPAND_KEYS.match(k) and _is_int(base[k]) and key):
+        widths[e + "*" + key] = (base[e] * base[key], d[e] * d[key])
+    for hk, hv in base.items():
+        count = _HEAD_COUNT.match(hk)
+        if not (count and _is_int(hv) and hv > 0):
+            continue
+        for wk, wv in base.items():
+            width = _HEAD_WIDTH.match(wk)
+            if not (width and width["p"] == (count["p"] or count["q"] or "") and _is_int(wv)):
+                continue
+            match = next((new for old, new in widths.values() if hv * wv == old and old != new), None)
+            heads = min(d[hk], HEADS)
+            if match is not None and match % heads == 0:
+                d[hk], d[wk] = heads, match // heads
+
+
+_GROUP_KEYS = re.compile(r"^(.*_)?(n_groups|ngroups|num_groups)$")
+
+
+def _keep_expert_groups(d: dict[str, Any]) -> None:
+    """Counts that must divide the shrunk counts still do: routing groups of experts (DeepSeek ``n_group``,
+    ``topk_group``: each group keeps at least 2 experts, as its score is the sum of its 2 best), and state
+    groups of Mamba heads (``n_groups`` dividing the head count)."""
+    experts = next((v for k, v in d.items() if _EXPERT_KEYS.match(k) and _is_int(v)), None)
+    for key in ("n_group", "num_expert_group"):
+        if experts and _is_int(d.get(key)) and d[key] > 1 and experts % d[key] or experts and \
+                _is_int(d.get(key)) and experts // max(d[key], 1) < 2:
+            d[key] = max(1, experts // 2)
+            if _is_int(d.get("topk_group")):
+                d["topk_group"] = min(d["topk_group"], d[key])
+    heads = next((v for k, v in d.items() if _HEAD_COUNT.match(k) and _is_int(v) and "attention" not in k), None)
+    for key, value in list(d.items()):
+        if _GROUP_KEYS.match(key) and _is_int(value) and heads and value > 1 and heads % value:
+            d[key] = math.gcd(value, heads)
 
 
 def transformers_types(only: set[str] | None = None) -> list[str]:

@@ -41,51 +41,89 @@ import targets  # noqa: E402
 MAX_FORWARD_PARAMS = 200_000_000
 
 
-def hf_config(model_type: str):
-    """Shrunk config of ``model_type`` that AutoModel builds on meta: ``(config, level)`` or raises the last error.
+def _ground_truth(model, config) -> dict[str, Any]:
+    """``norm_modules``, ``fwd_norms`` (None when no input set runs), ``fwd_inputs``, ``params`` of a model
+    built for real on CPU, from one forward with hooks on every norm module (:mod:`forward`)."""
+    called, label = forward.forward_norms(model, config)
+    return {"norm_modules": forward.norm_modules(model), "fwd_norms": sorted(called) if called is not None else None,
+            "fwd_inputs": label, "params": sum(p.numel() for p in model.parameters())}
 
-    The first level of :data:`targets.SHRINK_LEVELS` whose model builds on meta *and* runs a forward on meta
-    tensors (:func:`forward.runs_on_meta`) wins: a shrink whose sizes no longer fit each other (rotary
-    sections written for 128-wide heads, bottleneck widths) would otherwise be measured as a capture
-    failure. When no level's forward runs (inputs the sweep cannot build), the first level that builds.
+
+def _level_runs(config) -> tuple[bool, dict[str, Any]]:
+    """Whether the model of a shrunk ``config`` runs a forward, and its ground truth.
+
+    The model is first built on the meta device (no memory) to count its parameters. Up to
+    :data:`MAX_FORWARD_PARAMS` it is then built for real on CPU and one forward decides (that forward is also
+    the ground truth: no second build later). Above, only a forward on meta tensors is tried
+    (:func:`forward.runs_on_meta`, weaker: a stop on ``.item()`` counts as running, and some meta kernels
+    refuse what CPU runs, ``grouped_mm`` in float32), and the ground truth reads "skipped"."""
+    import transformers
+
+    with torch.device("meta"):
+        model = transformers.AutoModel.from_config(config)
+    n_params = sum(p.numel() for p in model.parameters())
+    if n_params > MAX_FORWARD_PARAMS:
+        ok, label = forward.runs_on_meta(model, config)
+        return ok, {"norm_modules": forward.norm_modules(model), "fwd_norms": None, "params": n_params,
+                    "fwd_inputs": f"skipped: {n_params / 1e6:.0f}M params (meta forward: {label[:200]})"}
+    del model
+    torch.manual_seed(0)
+    truth = _ground_truth(transformers.AutoModel.from_config(config), config)
+    return truth["fwd_norms"] is not None, truth
+
+
+def hf_config(model_type: str):
+    """Shrunk config of ``model_type``: ``(config, level, ground truth, level errors)``; raises when no level
+    builds.
+
+    The first level of :data:`targets.SHRINK_LEVELS` whose model builds and runs a forward (:func:`_level_runs`)
+    wins: a shrink whose sizes no longer fit each other (rotary sections written for 128-wide heads, expert
+    groups that no longer divide the experts) would otherwise be measured as a capture failure. When no
+    level's forward runs (inputs the sweep cannot build), the first level that builds, with its forward's
+    error as ground truth. The full-size "default" level is only a build fallback and never run for real.
+    ``level errors`` maps each level tried before the one chosen to why it was not chosen.
     """
     import transformers
 
     cls = transformers.CONFIG_MAPPING[model_type]
     base = cls().to_dict()
-    last: Exception | None = None
+    errors: dict[str, str] = {}
     first_built = None
     for level in targets.SHRINK_LEVELS:
         try:
             config = cls.from_dict(targets.shrink_config_dict(base, level))
-            with torch.device("meta"):
-                model = transformers.AutoModel.from_config(config)
+            if level == "default":
+                with torch.device("meta"):
+                    transformers.AutoModel.from_config(config)
+                truth = {"fwd_norms": None, "fwd_inputs": "full-size config: no forward"}
+            else:
+                ok, truth = _level_runs(config)
+                if ok:
+                    return config, level, truth, errors
+                errors[level] = f"forward: {truth['fwd_inputs'][:200]}"
         except Exception as err:  # noqa: BLE001 - try the next, milder shrink
-            last = err
+            errors[level] = f"build: {type(err).__name__}: {' '.join(str(err).split())[:200]}"
             continue
         if first_built is None:
-            first_built = (config, level)
-        if level == "default":  # the full-size config is only a build fallback, never preferred
-            break
-        if forward.runs_on_meta(model, config)[0]:
-            return config, level
+            first_built = (config, level, truth)
     if first_built is not None:
-        return first_built
-    raise RuntimeError(f"no shrink level builds: {type(last).__name__}: {' '.join(str(last).split())[:200]}")
+        return (*first_built, errors)
+    raise RuntimeError(f"no shrink level builds: {errors.get('default') or list(errors.values())[-1]}")
 
 
-def write_target(job: dict[str, Any]) -> tuple[Path, Any, str]:
-    """Write the job's target into ``job['dir']``; returns ``(target path, config or None, shrink level)``."""
+def write_target(job: dict[str, Any]) -> tuple[Path, str, dict[str, Any]]:
+    """Write the job's target into ``job['dir']``; returns ``(target path, shrink level, facts)``, where
+    facts holds the ground truth already measured (transformers: by :func:`hf_config`) and ``shrink_errors``."""
     out = Path(job["dir"])
     out.mkdir(parents=True, exist_ok=True)
     if job["corpus"] == "transformers":
-        config, level = hf_config(job["name"])
+        config, level, truth, errors = hf_config(job["name"])
         config.save_pretrained(out)
-        return out, config, level
+        return out, level, dict(truth, shrink_errors=errors)
     (out / "model.py").write_text(
         "import timm\n\n\ndef build_model():\n"
         f"    return timm.create_model({job['name']!r}, pretrained=False)\n")
-    return out / "model.py", None, "timm default"
+    return out / "model.py", "timm default", {}
 
 
 def run_normaudit(target: Path, report: Path) -> int:
@@ -117,17 +155,6 @@ def summarise_report(report: Path) -> dict[str, Any]:
     }
 
 
-def real_model(job: dict[str, Any], config):
-    """The target built for real on CPU (random init), and the config its inputs are sized from."""
-    if job["corpus"] == "transformers":
-        import transformers
-
-        return transformers.AutoModel.from_config(config), config
-    import timm
-
-    return timm.create_model(job["name"], pretrained=False), None
-
-
 def timm_forward(model) -> tuple[set[str] | None, str]:
     """Norms called by a timm model on ``(2, *pretrained_cfg['input_size'])`` random images."""
     size = tuple((getattr(model, "pretrained_cfg", None) or {}).get("input_size") or (3, 224, 224))
@@ -140,43 +167,57 @@ def timm_forward(model) -> tuple[set[str] | None, str]:
         return None, f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
 
 
-def measure_forward(job: dict[str, Any], config) -> dict[str, Any]:
-    """``fwd_norms`` (paths called), ``norm_modules`` (all), ``fwd_inputs`` (which inputs ran, or the error)."""
+def measure_timm_forward(job: dict[str, Any]) -> dict[str, Any]:
+    """Ground truth of a timm target: ``fwd_norms`` (paths called), ``norm_modules`` (all), ``fwd_inputs``
+    (which inputs ran, or the error), ``params``; the model built for real on CPU (random init)."""
+    import timm
+
     torch.manual_seed(0)
-    model, cfg = real_model(job, config)
+    model = timm.create_model(job["name"], pretrained=False)
     n_params = sum(p.numel() for p in model.parameters())
     norms = forward.norm_modules(model)
     if n_params > MAX_FORWARD_PARAMS:
         return {"norm_modules": norms, "fwd_norms": None, "fwd_inputs": f"skipped: {n_params / 1e6:.0f}M params"}
-    called, label = forward.forward_norms(model, cfg) if cfg is not None else timm_forward(model)
+    called, label = timm_forward(model)
     return {"norm_modules": norms, "fwd_norms": sorted(called) if called is not None else None,
             "fwd_inputs": label, "params": n_params}
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of its children waited for (normaudit forks its audits)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
-    """Write, audit and measure one target; every phase's failure is recorded, never raised."""
+    """Write, audit and measure one target; every phase's failure is recorded, never raised.
+
+    Times (wall seconds): ``shrink_s`` (config shrink, level choice and, for transformers, the ground-truth
+    forward), ``audit_s`` (normaudit), ``forward_s`` (timm's ground-truth forward), ``total_s``; ``cpu_s``
+    is CPU seconds of the whole job, forked audit included."""
     result: dict[str, Any] = {"corpus": job["corpus"], "name": job["name"], "family": job.get("family", "")}
-    start = time.perf_counter()
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    result["cpu_s"] = None  # set below: CPU seconds of the whole job (user + system)
+    start, cpu = time.perf_counter(), _cpu_seconds()
     try:
-        target, config, level = write_target(job)
+        target, level, facts = write_target(job)
     except Exception as err:  # noqa: BLE001
-        result.update(exit="build", error=f"{type(err).__name__}: {' '.join(str(err).split())[:300]}")
+        result.update(exit="build", error=f"{type(err).__name__}: {' '.join(str(err).split())[:300]}",
+                      total_s=round(time.perf_counter() - start, 2))
         return result
-    result["shrink"] = level
+    result.update(facts, shrink=level, shrink_s=round(time.perf_counter() - start, 2))
     report = Path(job["dir"]) / "report.json"
     t0 = time.perf_counter()
     result["exit"] = run_normaudit(target, report)
     result["audit_s"] = round(time.perf_counter() - t0, 2)
     result.update(summarise_report(report))
-    try:
-        result.update(measure_forward(job, config))
-    except Exception as err:  # noqa: BLE001
-        result.update(fwd_norms=None, fwd_inputs=f"real build failed: {type(err).__name__}: {str(err)[:200]}")
+    if job["corpus"] == "timm":
+        t0 = time.perf_counter()
+        try:
+            result.update(measure_timm_forward(job))
+        except Exception as err:  # noqa: BLE001
+            result.update(fwd_norms=None, fwd_inputs=f"real build failed: {type(err).__name__}: {str(err)[:200]}")
+        result["forward_s"] = round(time.perf_counter() - t0, 2)
     result["total_s"] = round(time.perf_counter() - start, 2)
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    result["cpu_s"] = round(after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime, 2)
+    result["cpu_s"] = round(_cpu_seconds() - cpu, 2)
     return result
 
 
