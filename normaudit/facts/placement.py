@@ -771,6 +771,9 @@ class _SiteInfo:
     placement: str = "unknown"
     add: Optional[ResidualAdd] = None
     adds: list[ResidualAdd] = field(default_factory=list)
+    #: its output feeds a projection shortcut as well as the branch: ``pre`` here, whichever scheme the
+    #: identity-shortcut blocks of its class follow (raw skip, ResNetV2; normed skip, timm PreXception)
+    feeds_shortcut: bool = False
 
 
 def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
@@ -890,7 +893,7 @@ def _branch_placement(g: _Graph, info: "_SiteInfo", adds: list[ResidualAdd]) -> 
             # y = conv_s(x_pre) + F(x_pre): a pre norm, as in the blocks with an identity shortcut
             info.adds.append(a)
             if info.add is None:
-                info.add, info.placement = a, "pre"
+                info.add, info.placement, info.feeds_shortcut = a, "pre", True
                 info.rec.site.extra["branch_position"] = "input"
             continue
         if side is None or g.anc_or_eq(info.out, a.reads):
@@ -1029,6 +1032,12 @@ def _model_facts(g: _Graph, adds: list[ResidualAdd], residual: dict[fx.Node, Res
         roles |= {p for p in b.norms.values() if p in BLOCK_ROLES}
     if not model.blocks:
         roles = {i.placement for i in infos if i.placement in BLOCK_ROLES}
+    if "pre" in roles and "post" in roles:
+        # pre norms that say nothing about the scheme: one feeding a projection shortcut is ``pre`` whichever
+        # scheme its class follows (_mark_mixed), one deep inside a branch (conv -> BN) leaves the stream be
+        settled = {i.placement for i in infos if i.placement in BLOCK_ROLES and not i.feeds_shortcut
+                   and i.rec.site.extra.get("branch_position") != "inner" and (i.block in blocks or not model.blocks)}
+        roles = settled or roles
     mixed_blocks = any("majority_placement" in i.rec.site.extra for i in infos)
     if not adds:
         model.placement = "none"
@@ -1141,16 +1150,19 @@ def _normed_later(g: _Graph, node: fx.Node, norm_inputs: set[fx.Node]) -> bool:
 
 
 def _mark_mixed(blocks: list[Block], infos: list[_SiteInfo]) -> None:
-    """Flag norms whose role differs from the same norm in most blocks of the same class."""
+    """Flag norms whose role differs from the same norm in most blocks of the same class. A norm feeding a
+    projection shortcut and the branch (``_SiteInfo.feeds_shortcut``) is no evidence either way: the blocks
+    with an identity shortcut decide, and it is never flagged."""
     by_key = {(_key(i)): i for i in infos}
     groups: dict[tuple, list[Block]] = defaultdict(list)
     for b in blocks:
         rel = tuple(k[len(b.path) + 1:] if k.startswith(b.path + ".") else k for k in b.norms)
         groups[(b.class_name, rel)].append(b)
-    for (_, rel), members in groups.items():
-        if len(members) < 2:
-            continue
+    for (_, rel), all_members in groups.items():
         for pos, name in enumerate(rel):
+            members = [b for b in all_members if not getattr(by_key.get(list(b.norms)[pos]), "feeds_shortcut", False)]
+            if len(members) < 2:
+                continue
             roles = [list(b.norms.values())[pos] for b in members]
             counts = Counter(STREAM_ROLES.get(r, r) for r in roles)
             if len(counts) < 2:
