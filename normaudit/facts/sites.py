@@ -21,7 +21,9 @@ Three detectors, in this order, each skipping nodes already claimed:
    elsewhere when a learned parameter rescales the result (a gain, or the temperature of cosine q/k scores
    that feed a softmax, Swin-V2); a bare cosine similarity or contrastive logits (CLIP) are no site.
    Global Response Normalization (ConvNeXt-V2: ``||x||_2`` over H, W divided by its channel mean + eps) is
-   kind Other (hint ``statistic="grn"``).
+   kind Other (hint ``statistic="grn"``). An inverse RMS multiplying a weight's projection of its tensor
+   (``F.linear(x, W) * rsqrt(mean(x^2))``, HY-V4's hyper-connections) is an RMSNorm; an L2-normalised
+   direction its module projects other activations on (NeoMME's exclusive self-attention) is no site.
 4. frozen BatchNorms (torchvision/timm/detectron2 ``FrozenBatchNorm2d``, transformers'
    ``DetrFrozenBatchNorm2d``): ``x * (w * rsqrt(running_var + eps)) + shift`` with the statistic a per-channel
    buffer, kind BatchNorm in eval mode (hint ``statistic="running_var"``). Symbolic tracing evaluates buffer
