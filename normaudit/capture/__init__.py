@@ -83,22 +83,98 @@ class _Flatten(nn.Module):
     """Wraps the model so export sees only tensors in the output (HF outputs carry caches).
 
     ``fixed`` holds example inputs passed as constants rather than graph inputs (``{position or keyword:
-    real tensor}``): export reads their values, so a forward that turns them into Python numbers
-    (``grid_thw.tolist()``, ``cu_seqlens`` split sizes, image-token counts) specialises on them instead of
-    failing on a data-dependent size. The free positional inputs fill the other positions, in order."""
+    real tensor}``). Each is re-made inside the traced forward from its values (``torch.tensor(values)``,
+    a lift), so under :func:`_constant_propagation` the fake tensor of every integer computation on it
+    carries its real value: a forward that turns them into Python numbers (``grid_thw`` -> ``cu_seqlens``
+    -> ``lengths.tolist()`` split sizes, image-token counts, ``len(set(ids))``) specialises on them instead
+    of failing on a data-dependent size. The free positional inputs fill the other positions, in order."""
 
     def __init__(self, model: nn.Module, fixed: Optional[dict[Any, torch.Tensor]] = None):
         super().__init__()
         self.m = model
-        self.fixed = dict(fixed or {})
+        self.fixed = {k: (t.tolist(), t.dtype) for k, t in (fixed or {}).items()}
 
     def forward(self, *args, **kwargs):
-        if self.fixed:
-            free = iter(args)
-            n = len(args) + sum(isinstance(k, int) for k in self.fixed)
-            args = tuple(self.fixed[i] if i in self.fixed else next(free) for i in range(n))
-            kwargs = {**{k: v for k, v in self.fixed.items() if isinstance(k, str)}, **kwargs}
-        return tuple(_tensor_leaves(self.m(*args, **kwargs)))
+        if not self.fixed:
+            return tuple(_tensor_leaves(self.m(*args, **kwargs)))
+        lifted = {k: torch.tensor(values, dtype=dtype) for k, (values, dtype) in self.fixed.items()}
+        free = iter(args)
+        n = len(args) + sum(isinstance(k, int) for k in lifted)
+        args = tuple(lifted[i] if i in lifted else next(free) for i in range(n))
+        kwargs = {**{k: v for k, v in lifted.items() if isinstance(k, str)}, **kwargs}
+        with _LiftedFactories():
+            return tuple(_tensor_leaves(self.m(*args, **kwargs)))
+
+
+class _LiftedFactories(torch.overrides.TorchFunctionMode):
+    """While the example's integer inputs are constants (:class:`_Flatten`): a deterministic factory
+    called with Python numbers only (``torch.arange(grid_t * grid_h * grid_w)``, ``torch.zeros(3, n)``)
+    returns a constant too, its value computed for real and lifted (``torch.tensor(values)``), so that
+    index arithmetic mixing it with the constant inputs (window indices, position ids from ``grid_thw``)
+    stays constant up to the ``.tolist()`` that reads it. Factories of more than
+    :data:`CONSTANT_PROPAGATION_LIMIT` elements, on another device or taking symbolic sizes stay fake."""
+
+    FACTORIES = frozenset({torch.arange, torch.zeros, torch.ones, torch.full, torch.eye, torch.linspace})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in self.FACTORIES or not self._plain(args, kwargs):
+            return func(*args, **kwargs)
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():  # out of the fake mode and the export tracer: real numbers
+            real = func(*args, **{**kwargs, "device": "cpu"})
+        if real.numel() > CONSTANT_PROPAGATION_LIMIT or real.requires_grad:
+            return func(*args, **kwargs)
+        return torch.tensor(real.tolist(), dtype=real.dtype)
+
+    @staticmethod
+    def _plain(args: tuple, kwargs: dict) -> bool:
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type != "cpu":
+            return False
+        values = list(args) + [v for k, v in kwargs.items() if k not in ("dtype", "device", "layout")]
+        flat = [x for v in values for x in (v if isinstance(v, (tuple, list, torch.Size)) else (v,))]
+        return all(type(x) in (int, float, bool) for x in flat) and "out" not in kwargs
+
+
+#: the largest tensor (elements) whose real value fake tensors and the export tracer carry along while
+#: the example's integer inputs are constants (torch's default is 1: only scalars)
+CONSTANT_PROPAGATION_LIMIT = 1 << 20
+
+
+@contextlib.contextmanager
+def no_value_checks():
+    """Turn off ``torch.distributions`` argument validation meanwhile (restored after): a
+    ``Categorical(logits=x)`` checks the *values* of ``x`` (``constraint.check(value).all()``), a branch on
+    data that no capture on fake tensors can take (BLT's entropy patcher), and which the computation does not
+    depend on."""
+    from torch.distributions import Distribution
+
+    old = Distribution._validate_args
+    Distribution.set_default_validate_args(False)
+    try:
+        yield
+    finally:
+        Distribution.set_default_validate_args(old)
+
+
+@contextlib.contextmanager
+def _constant_propagation(limit: int = CONSTANT_PROPAGATION_LIMIT):
+    """Raise torch's limit on constant propagation (``CONSTANT_NUMEL_LIMIT`` of ``FakeTensorMode`` and of
+    the ``make_fx`` proxy tracer) to ``limit`` elements meanwhile: an op whose inputs are all constants
+    (tensors lifted from Python values, :class:`_Flatten`) is computed for real and its result stays a
+    constant, so ``.tolist()``/``.item()`` on it give Python numbers, not unbacked symbols. Only
+    constants are computed: parameters and the other inputs stay fake."""
+    import torch._subclasses.fake_tensor as fake_tensor
+    import torch.fx.experimental.proxy_tensor as proxy_tensor
+
+    old = fake_tensor.CONSTANT_NUMEL_LIMIT, proxy_tensor.CONSTANT_NUMEL_LIMIT
+    fake_tensor.CONSTANT_NUMEL_LIMIT = proxy_tensor.CONSTANT_NUMEL_LIMIT = max(limit, max(old))
+    try:
+        yield
+    finally:
+        fake_tensor.CONSTANT_NUMEL_LIMIT, proxy_tensor.CONSTANT_NUMEL_LIMIT = old
 
 
 def constant_inputs(fake_args: Any, real_inputs: Any) -> dict[Any, torch.Tensor]:
@@ -196,7 +272,7 @@ def _export(model: nn.Module, args: Any, mode: FakeTensorMode, kwargs: Optional[
         kwargs.setdefault(key, value)
     if getattr(getattr(model, "config", None), "use_cache", None) is not None:
         kwargs.setdefault("use_cache", False)
-    with mode:
+    with mode, no_value_checks(), (_constant_propagation() if fixed else contextlib.nullcontext()):
         ep = torch.export.export(_Flatten(model, fixed), args, kwargs, strict=False)
     from torch.export.graph_signature import InputKind
 

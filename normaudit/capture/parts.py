@@ -69,7 +69,10 @@ def record_inputs(model: nn.Module, inputs: Any, mode: FakeTensorMode, paths: se
     args, kwargs = ((), dict(inputs)) if isinstance(inputs, dict) else (tuple(inputs), {})
     kwargs.update(extra_kwargs or {})
     try:
-        with mode, torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        from normaudit.capture import no_value_checks
+
+        with mode, torch.no_grad(), no_value_checks(), warnings.catch_warnings(), \
+                contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             model(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - the modules reached so far keep their inputs
@@ -223,17 +226,41 @@ def capture_parts(root: nn.Module, inputs: Any, mode: FakeTensorMode, norm_paths
         parts = p.split(".")
         holders.update(".".join(parts[:i]) for i in range(1, len(parts)))
     holders.discard("")
-    recorded, error = record_inputs(root, inputs, mode, holders, extra_kwargs)
-    if error is not None and len(recorded) < len(holders):
-        more, real_error = _record_real(root, inputs, mode, holders, extra_kwargs, real_inputs)
-        if len(more) > len(recorded):
-            recorded, error = more, real_error
+    recorded, error = _record_best(root, inputs, mode, holders, extra_kwargs, real_inputs)
     found: list[PartCapture] = []
     budget = {"attempts": 0, "until": time.perf_counter() + MAX_SECONDS}
     children = {name: mod for name, mod in root.named_children()}
     for name in children:
         _visit(root, name, holders, recorded, mode, found, budget)
     return found, error
+
+
+def _record_best(root: nn.Module, inputs: Any, mode: FakeTensorMode, holders: set[str],
+                 extra_kwargs: Optional[dict[str, Any]], real_inputs: Any) -> tuple[dict, Optional[str]]:
+    """The recorded inputs of the ``holders`` (:func:`record_inputs`) from the forward that reaches the most
+    of them: on fake tensors, then on real numbers (:func:`_record_real`) when the fake one stopped early;
+    for a model in training mode whose forward stops before reaching them all (a text-to-speech model
+    demanding its training labels, a BatchNorm given one value per channel), the same again in eval mode,
+    the modules' own modes restored after. Returns ``(recorded, error)`` like :func:`record_inputs`."""
+    best: tuple[dict, Optional[str]] = ({}, None)
+    modes = {m: m.training for m in root.modules()}
+    try:
+        for train_pass in ([True, False] if root.training else [False]):
+            if not train_pass:
+                root.eval()
+            recorded, error = record_inputs(root, inputs, mode, holders, extra_kwargs)
+            if error is not None and len(recorded) < len(holders):
+                more, real_error = _record_real(root, inputs, mode, holders, extra_kwargs, real_inputs)
+                if len(more) > len(recorded):
+                    recorded, error = more, real_error
+            if len(recorded) > len(best[0]) or not best[0]:
+                best = (recorded, error)
+            if error is None or len(recorded) == len(holders):
+                break
+    finally:
+        for m, was in modes.items():
+            m.training = was
+    return best
 
 
 def _visit(root: nn.Module, path: str, holders: set[str], recorded: dict, mode: FakeTensorMode,
