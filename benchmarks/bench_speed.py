@@ -2,17 +2,21 @@
 
     python benchmarks/bench_speed.py [--repeat 3] [--no-ray]
 
-1. start-up: ``normaudit --help`` and ``normaudit rules`` wall time (best of ``--repeat``), and their ratio to a
-   bare ``python -c pass`` (the floor no command goes under);
+1. start-up: ``normaudit --help``, ``--version``, ``rules``, ``explain NE101`` and ``schema`` wall and CPU time
+   (best of ``--repeat``, after one run that fills the validation memo and the byte-code cache, as an installed
+   normaudit has them), and their ratio to a bare ``python -c pass`` (the floor no command goes under); the
+   goal is under 0.5 s wall on an idle machine;
 2. cache: a re-run of an unchanged target answered from the cache vs the same audit with ``--no-cache``;
 3. ``-j 2`` vs ``-j 1`` over 8 targets (copies of examples/buggy_lm.py, examples/convnext_block.py and the CLI
    tests' tiny model, ``--no-cache``);
 4. ``--executor ray`` (a local Ray cluster started by the run, its start included) vs local ``-j 2`` on the
-   same 8 targets; skipped when ray is not installed.
+   same 8 targets, and the same less the start and stop of a bare local Ray cluster (measured apart); skipped
+   when ray is not installed.
 
 Every command is a fresh subprocess of this checkout (``PYTHONPATH`` set to it) in a temporary project; the
 machine's load (``os.getloadavg``) is printed before and after. Nothing is written outside the temporary
-directory.
+directory: byte code goes to a ``PYTHONPYCACHEPREFIX`` there. CPU seconds are those of the child
+processes (``resource.getrusage``), which a loaded machine inflates less than wall time.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import argparse
 import importlib.util
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -32,22 +37,37 @@ MODELS = [ROOT / "examples" / "buggy_lm.py", ROOT / "examples" / "convnext_block
           ROOT / "tests" / "fixtures" / "cli" / "tiny.py"]
 
 
-def timed(argv: list[str], cwd: Path, env: dict, expect: tuple[int, ...] = (0, 1)) -> float:
-    """Wall seconds of one subprocess; raises when its exit status is not in ``expect``."""
+def timed_cpu(argv: list[str], cwd: Path, env: dict, expect: tuple[int, ...] = (0, 1)) -> tuple[float, float]:
+    """Wall and CPU (user + system, of the child and its children) seconds of one subprocess; raises when its
+    exit status is not in ``expect``."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
     seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode not in expect:
         raise SystemExit(f"bench_speed: {' '.join(argv)} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
-    return seconds
+    return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def best(argv: list[str], cwd: Path, env: dict, repeat: int) -> float:
-    return min(timed(argv, cwd, env) for _ in range(repeat))
+def timed(argv: list[str], cwd: Path, env: dict, expect: tuple[int, ...] = (0, 1)) -> float:
+    """Wall seconds of one subprocess (:func:`timed_cpu`)."""
+    return timed_cpu(argv, cwd, env, expect)[0]
+
+
+def best(argv: list[str], cwd: Path, env: dict, repeat: int) -> tuple[float, float]:
+    """The best wall and the best CPU seconds over ``repeat`` runs."""
+    runs = [timed_cpu(argv, cwd, env) for _ in range(repeat)]
+    return min(w for w, _ in runs), min(c for _, c in runs)
 
 
 def load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    """``uptime``'s load averages (1, 5, 15 min) and the CPUs."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg()) + f"  ({os.cpu_count()} CPUs)"
+
+
+RAY_START = ("import ray; from normaudit.runner import local_ray_options, ray_driver_quiet\n"
+             "with ray_driver_quiet():\n    ray.init(**local_ray_options(2)); ray.shutdown()")
 
 
 def make_project(tmp: Path) -> list[str]:
@@ -61,6 +81,46 @@ def make_project(tmp: Path) -> list[str]:
     return names
 
 
+Row = tuple  # (measure, a wall s, b wall s, a cpu s, b cpu s)
+
+
+def startup_rows(py: str, cli: list[str], tmp: Path, env: dict, repeat: int) -> list[Row]:
+    """Print the start-up table (every torch-free command) and return the ``--help`` and ``rules`` rows."""
+    rows: list[Row] = []
+    bare_wall, bare_cpu = best([py, "-c", "pass"], tmp, env, repeat)
+    print(f"{'start-up (best of ' + str(repeat) + ')':<42} {'wall (s)':>8} {'cpu (s)':>8}")
+    print(f"{'python -c pass':<42} {bare_wall:8.3f} {bare_cpu:8.3f}")
+    for what in (["--help"], ["--version"], ["rules"], ["explain", "NE101"], ["schema"]):
+        timed(cli + what, tmp, env)  # fills the validation memo and the byte-code cache
+        wall, cpu = best(cli + what, tmp, env, repeat)
+        print(f"{'normaudit ' + ' '.join(what):<42} {wall:8.3f} {cpu:8.3f}")
+        if what[0] in ("--help", "rules"):
+            rows.append((f"normaudit {what[0]} / python -c pass", wall, bare_wall, cpu, bare_cpu))
+    return rows
+
+
+def run_rows(py: str, cli: list[str], tmp: Path, env: dict, targets: list[str], ray: bool) -> list[Row]:
+    """Cached vs uncached (one target), ``-j 2`` vs ``-j 1`` and Ray vs local (eight targets)."""
+    one = [targets[0], "--isolated"]
+    uncached = timed_cpu(cli + one + ["--no-cache"], tmp, env)
+    timed(cli + one, tmp, env)  # fills the cache
+    cached = timed_cpu(cli + one, tmp, env)
+    rows = [("cached / uncached re-run (1 target)", cached[0], uncached[0], cached[1], uncached[1])]
+    many = targets + ["--isolated", "--no-cache"]
+    serial = timed_cpu(cli + many + ["-j", "1"], tmp, env)
+    parallel = timed_cpu(cli + many + ["-j", "2"], tmp, env)
+    rows.append(("-j 2 / -j 1 (8 targets)", parallel[0], serial[0], parallel[1], serial[1]))
+    if not ray:
+        print("ray: not installed (pip install 'normaudit[ray]') or --no-ray: skipped")
+        return rows
+    on_ray = timed_cpu(cli + many + ["--executor", "ray", "-j", "2"], tmp, env)
+    rows.append(("ray / local -j 2 (8 targets)", on_ray[0], parallel[0], on_ray[1], parallel[1]))
+    start = timed_cpu([py, "-c", RAY_START], tmp, env, expect=(0,))
+    rows.append(("ray less cluster start+stop / local -j 2", on_ray[0] - start[0], parallel[0],
+                 on_ray[1] - start[1], parallel[1]))
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3, help="runs of each start-up command (best taken)")
@@ -68,41 +128,21 @@ def main() -> int:
     args = ap.parse_args()
     py = sys.executable
     cli = [py, "-m", "normaudit"]
-    rows: list[tuple[str, float, float, str]] = []
-    print(f"load average before: {load()}  ({os.cpu_count()} CPUs)")
+    print(f"load average before: {load()}")
     with tempfile.TemporaryDirectory(prefix="bench_speed_") as tmp_name:
         tmp = Path(tmp_name)
         env = {**os.environ, "PYTHONPATH": str(ROOT), "NORMAUDIT_CACHE_DIR": str(tmp / "cache"),
-               "NORMAUDIT_NO_CACHE": ""}
+               "NORMAUDIT_NO_CACHE": "", "PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(tmp / "pyc")}
         targets = make_project(tmp)
-
-        bare = best([py, "-c", "pass"], tmp, env, args.repeat)
-        for what in (["--help"], ["rules"]):
-            t = best(cli + what, tmp, env, args.repeat)
-            rows.append((f"normaudit {what[0]} / python -c pass", t, bare, "start-up"))
-
-        one = [targets[0], "--isolated"]
-        uncached = timed(cli + one + ["--no-cache"], tmp, env)
-        timed(cli + one, tmp, env)  # fills the cache
-        cached = timed(cli + one, tmp, env)
-        rows.append(("cached / uncached re-run (1 target)", cached, uncached, "cache"))
-
-        many = targets + ["--isolated", "--no-cache"]
-        serial = timed(cli + many + ["-j", "1"], tmp, env)
-        parallel = timed(cli + many + ["-j", "2"], tmp, env)
-        rows.append(("-j 2 / -j 1 (8 targets)", parallel, serial, "parallel"))
-
-        if not args.no_ray and importlib.util.find_spec("ray") is not None:
-            ray = timed(cli + many + ["--executor", "ray", "-j", "2"], tmp, env)
-            rows.append(("ray / local -j 2 (8 targets)", ray, parallel, "ray"))
-        else:
-            print("ray: not installed (pip install 'normaudit[ray]') or --no-ray: skipped")
+        rows = startup_rows(py, cli, tmp, env, args.repeat)
+        rows += run_rows(py, cli, tmp, env, targets, not args.no_ray and importlib.util.find_spec("ray") is not None)
     print(f"load average after:  {load()}")
-    print(f"{'measure':<42} {'a (s)':>8} {'b (s)':>8} {'a/b':>7}")
-    for name, a, b, _ in rows:
-        print(f"{name:<42} {a:8.2f} {b:8.2f} {a / b:7.2f}")
-    print(json.dumps({name: {"a_s": round(a, 3), "b_s": round(b, 3), "ratio": round(a / b, 3)}
-                      for name, a, b, _ in rows}))
+    print("(cpu: user + system of the processes each command waited for; Ray's own daemons are partly outside)")
+    print(f"{'measure':<42} {'a (s)':>8} {'b (s)':>8} {'a/b':>7} {'a cpu':>8} {'b cpu':>8} {'cpu a/b':>7}")
+    for name, a, b, ac, bc in rows:
+        print(f"{name:<42} {a:8.2f} {b:8.2f} {a / b:7.2f} {ac:8.2f} {bc:8.2f} {ac / bc if bc else 0:7.2f}")
+    print(json.dumps({name: {"a_s": round(a, 3), "b_s": round(b, 3), "ratio": round(a / b, 3),
+                             "a_cpu_s": round(ac, 3), "b_cpu_s": round(bc, 3)} for name, a, b, ac, bc in rows}))
     return 0
 
 

@@ -216,7 +216,6 @@ def _cmd_rules(argv: Sequence[str]) -> int:
     ordered = sorted(rules.values(), key=lambda r: r.id)
     if args.format == "json":
         from normaudit.docs import doc_path
-
         from normaudit.engine.loader import load_rules_listed
 
         shipped = set(load_rules_listed([], memo)) if dirs else set(rules)
