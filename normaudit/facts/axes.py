@@ -180,7 +180,9 @@ def parse_input_axes(spec: str, inputs: Any = None) -> list[Label]:
 
 
 def _first_consumer_module(node: fx.Node, cap: Capture) -> Optional[nn.Module]:
-    """The first layer reading ``node`` (through casts), as a module (an aten conv counts as Conv1d)."""
+    """The first layer reading ``node`` (through casts and element-wise arithmetic that keeps its shape:
+    ``x * scale + pos_emb(x)`` before the first block, FunASR's encoder), as a module (an aten conv counts as
+    Conv1d)."""
     frontier, seen = [node], 0
     while frontier and seen < 8:
         nxt = []
@@ -197,6 +199,8 @@ def _first_consumer_module(node: fx.Node, cap: Capture) -> Optional[nn.Module]:
                 if name in ("linear", "matmul", "layer_norm", "rms_norm", "embedding"):
                     return nn.Identity()
                 if name in ("to", "alias", "dropout", "contiguous"):
+                    nxt.append(user)
+                elif name in ("mul", "div", "add", "sub") and shape(user) == shape(node):
                     nxt.append(user)
         frontier, seen = nxt, seen + 1
     return None
