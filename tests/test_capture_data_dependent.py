@@ -166,3 +166,45 @@ def test_parts_recorded_in_eval_mode_when_training_forward_refuses():
                       and isinstance(p.capture.modules[n.target], nn.LayerNorm)] for p in cap.parts}
     assert norms == {"encoder": ["0.norm", "1.norm"], "decoder": ["0.norm", "1"]}
     assert all(m.training for m in cap.root.modules())  # the modes are restored after the eval record
+
+
+class _Cfg:
+    use_cache = True
+
+
+class _Inner(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, x, use_cache=None, **kwargs):
+        return self.norm(x)
+
+
+class PassesOwnUseCache(nn.Module):
+    """Mimi's encoder: a config with ``use_cache``, a forward taking ``**kwargs`` that hands them on to a
+    child together with its own ``use_cache=``; the capture's injected ``use_cache=False`` would collide."""
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.config = _Cfg()
+        self.inner = _Inner(d)
+
+    def forward(self, x, **kwargs):
+        return self.inner(x, use_cache=False, **kwargs)
+
+
+def test_injected_use_cache_never_collides_with_the_forwards_own():
+    cap = capture_model(PassesOwnUseCache(), {"x": torch.randn(2, 3, 8)}, on_meta=False, parts_fallback=False)
+    assert cap.complete and [(a.method, a.ok) for a in cap.attempts] == [("export", True)]
+    assert [n.meta["nn_module_stack"].popitem()[1][0] for n in cap.gm.graph.nodes
+            if "layer_norm" in str(n.target)] == ["m.inner.norm"]
+
+
+def test_long_errors_keep_their_end():
+    from normaudit.capture import _one_line
+
+    text = _one_line(TypeError(repr(nn.Sequential(*[nn.Linear(4, 4) for _ in range(20)]))
+                               + " got multiple values for keyword argument 'use_cache'"))
+    assert text.startswith("TypeError: Sequential( (0): Linear(") and len(text) < 320
+    assert text.endswith("got multiple values for keyword argument 'use_cache'")

@@ -61,9 +61,11 @@ def _root_cause(exc: BaseException) -> BaseException:
 
 
 def _one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line, at most about 300 characters: a longer message keeps its start and its
+    end (a message that begins with a module's repr says what went wrong at the end)."""
     text = " ".join(str(exc).split())
     if len(text) > 300:
-        text = text[:297] + "..."
+        text = text[:150] + " ... " + text[-145:]
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
@@ -270,10 +272,15 @@ def _export(model: nn.Module, args: Any, mode: FakeTensorMode, kwargs: Optional[
     kwargs = {k: v for k, v in kwargs.items() if k not in fixed}
     for key, value in forward_kwargs(_forward_params(model)).items():  # use_cache=False: no cache objects
         kwargs.setdefault(key, value)
-    if getattr(getattr(model, "config", None), "use_cache", None) is not None:
-        kwargs.setdefault("use_cache", False)
-    with mode, no_value_checks(), (_constant_propagation() if fixed else contextlib.nullcontext()):
-        ep = torch.export.export(_Flatten(model, fixed), args, kwargs, strict=False)
+    injected = "use_cache" not in kwargs and getattr(getattr(model, "config", None), "use_cache", None) is not None
+    if injected:  # a forward taking **kwargs may hand them to a cache-building child
+        kwargs["use_cache"] = False
+    try:
+        ep = _export_flat(model, args, kwargs, mode, fixed)
+    except TypeError as exc:  # that forward passes its own use_cache to the child besides **kwargs (Mimi)
+        if not injected or "multiple values for keyword argument 'use_cache'" not in str(exc):
+            raise
+        ep = _export_flat(model, args, {k: v for k, v in kwargs.items() if k != "use_cache"}, mode, fixed)
     from torch.export.graph_signature import InputKind
 
     kinds = (InputKind.USER_INPUT, InputKind.CONSTANT_TENSOR) if fixed else (InputKind.USER_INPUT,)
@@ -282,6 +289,14 @@ def _export(model: nn.Module, args: Any, mode: FakeTensorMode, kwargs: Optional[
 
     inline_wrapped_regions(ep.graph_module)  # no_grad/autocast bodies: their norms are sites too
     return ep.graph_module, user
+
+
+def _export_flat(model: nn.Module, args: tuple, kwargs: dict[str, Any], mode: FakeTensorMode,
+                 fixed: dict[Any, torch.Tensor]) -> Any:
+    """``torch.export.export(strict=False)`` of :class:`_Flatten` around ``model`` under ``mode``, with the
+    example's integer inputs ``fixed`` as constants (:func:`_constant_propagation`) when there are any."""
+    with mode, no_value_checks(), (_constant_propagation() if fixed else contextlib.nullcontext()):
+        return torch.export.export(_Flatten(model, fixed), args, kwargs, strict=False)
 
 
 def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dtype = torch.float32,
