@@ -117,8 +117,9 @@ def test_small3_level_widths_divide_by_three():
     assert d["hidden_size"] // 6 * 6 == d["hidden_size"]
 
 
-@pytest.mark.parametrize("model_type, level", [("deepseek_v32", "small"), ("mamba2", "small"), ("zamba2", "small"),
-                                               ("kimi_linear", "small"), ("lilt", "small3")])
+@pytest.mark.parametrize("model_type, level", [
+    ("deepseek_v32", "small"), ("mamba2", "small"), ("zamba2", "small"), ("jamba", "small"),
+    ("inkling2_loop_text", "small"), ("gemma3n_text", "small"), ("kimi_linear", "small"), ("lilt", "small3")])
 def test_shrunk_config_builds_and_runs_a_forward(model_type, level):
     # the level the sweep picks for these types builds on meta and runs for real on CPU with every norm
     # module called (before: each fell back to a shrink whose forward failed, measured as NK101). A forward on
@@ -139,3 +140,25 @@ def test_shrunk_config_builds_and_runs_a_forward(model_type, level):
     called, label = forward.forward_norms(model, config)
     assert called is not None, label
     assert called == set(forward.norm_modules(model))
+
+
+def test_layer_counts_periods_and_positions_fit_the_depth():
+    # Jamba: attention every 8th layer from 4 left 2 layers without attention (its cache then had no attention
+    # layer: get_seq_length failed); DeepSeek-V3: 3 dense layers first made both shrunk layers dense
+    d = targets.shrink_config_dict({"num_hidden_layers": 32, "attn_layer_period": 8, "attn_layer_offset": 4,
+                                    "expert_layer_period": 2, "expert_layer_offset": 1, "first_k_dense_replace": 3})
+    assert (d["attn_layer_period"], d["attn_layer_offset"], d["expert_layer_period"], d["expert_layer_offset"],
+            d["first_k_dense_replace"]) == (2, 1, 2, 1, 1)
+
+
+def test_loop_positions_stay_multiples_of_their_block():
+    # Inkling2-loop's validator: loop start/end multiples of n_layers_per_attn_res_block, start > 0
+    d = targets.shrink_config_dict({"num_hidden_layers": 24, "n_layers_per_attn_res_block": 6,
+                                    "loop_layer_index_start": 6, "loop_layer_index_end": 18})
+    assert (d["n_layers_per_attn_res_block"], d["loop_layer_index_start"], d["loop_layer_index_end"]) == (1, 1, 2)
+
+
+def test_gemma3n_kv_sharing_and_per_layer_vocab_shrink():
+    d = targets.shrink_config_dict({"num_hidden_layers": 35, "num_kv_shared_layers": 15, "vocab_size": 262400,
+                                    "vocab_size_per_layer_input": 262144, "hidden_size": 2048})
+    assert (d["num_kv_shared_layers"], d["vocab_size"], d["vocab_size_per_layer_input"]) == (0, 1024, 1024)

@@ -124,6 +124,40 @@ def _fit_index_lists(d: dict[str, Any], old: int) -> None:
             d[key] = sorted({min(v, LAYERS - 1) for v in value})
 
 
+#: ints that count layers of a special kind at the start or end of the stack (DeepSeek ``first_k_dense_replace``)
+_SPECIAL_COUNT = re.compile(r"^(first_k_dense_replace|num_dense_layers|num_first_.*_layers|num_last_.*_layers|"
+                            r"num_global_layers)$")
+#: ints that give a period of layer kinds (Jamba ``attn_layer_period``, AFMoE ``global_attn_every_n_layers``)
+_PERIOD = re.compile(r"^(.*_period|.*_interval|.*_every_n_layers|layer_group_size|n_layers_per_.*|interleave_.*_step)$")
+_POSITION = re.compile(r"^(.*_index_start|.*_start_index|.*_index_end|.*_end_index|insert_layer_id|.*_offset)$")
+
+
+def _fit_layer_counts(d: dict[str, Any], old: int) -> None:
+    """Layer counts, periods and positions stay inside the shrunk depth, every kind of layer kept: a count of
+    special layers at one end of the stack becomes 1 (all of them: all), a period longer than the depth
+    becomes the depth (its special layer the last), a start/end/offset past the depth the last layer (Jamba:
+    ``attn_layer_period`` 8, offset 4 of 2 layers left no attention layer), and a position that was a multiple
+    of a period stays one. Gemma3n's KV sharing needs a layer of each kind before the shared ones: 2 layers
+    leave no room, so ``num_kv_shared_layers`` is 0."""
+    orig = dict(d)
+    for key, value in list(d.items()):
+        if not _is_int(value) or value <= 0:
+            continue
+        if _SPECIAL_COUNT.match(key):
+            d[key] = LAYERS if value >= old else min(value, LAYERS - 1)
+        elif _PERIOD.match(key) and value > LAYERS:
+            d[key] = LAYERS
+        elif _POSITION.match(key) and value >= LAYERS and value < old:
+            d[key] = LAYERS if "end" in key else LAYERS - 1  # an end index is one past the last layer
+        elif key == "num_kv_shared_layers":
+            d[key] = 0
+    for period in (k for k, v in orig.items() if _PERIOD.match(k) and _is_int(v) and v > 1):
+        for key in (k for k, v in orig.items() if _POSITION.match(k) and not k.endswith("_offset") and _is_int(v)
+                    and v > 0):  # an offset counts within its own period
+            if orig[key] % orig[period] == 0:  # Inkling2-loop: loop start/end stay multiples of the block
+                d[period] = math.gcd(d[period], d[key])
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -170,6 +204,7 @@ def shrink_config_dict(d: dict[str, Any], level: str = "small") -> dict[str, Any
     if layer_keys:
         _fit_layer_indices(d)
         _fit_index_lists(d, max(base_depths))
+        _fit_layer_counts(d, max(base_depths))
     if level == "layers":
         return d
     _shrink_widths(d, *WIDTHS[level])
@@ -213,6 +248,8 @@ def _shrink_widths(d: dict[str, Any], hidden: int = HIDDEN, ffn: int = FFN, fact
     _keep_derived(d, base, hidden)
     if _is_int(d.get("vocab_size")) and d["vocab_size"] > 1024:
         d["vocab_size"] = max(1024, _max_token_id(d) + 1)
+    if _is_int(d.get("vocab_size_per_layer_input")) and _is_int(d.get("vocab_size")):  # Gemma3n per-layer
+        d["vocab_size_per_layer_input"] = min(d["vocab_size_per_layer_input"], d["vocab_size"])
 
 
 def _keep_derived(d: dict[str, Any], base: dict[str, Any], hidden: int) -> None:
