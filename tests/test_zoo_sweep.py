@@ -76,6 +76,7 @@ def test_transformers_figures():
     assert fig["graph sites = forward norms"] == "1 / 2 (50.0%)"
     assert fig["audit s per model, median / max"] == "4.0 / 6.0"
     assert fig["target s (build + audit + forward), median / max"] == "3.5 / 181.0"
+    assert fig["CPU s per target, median / max"] == "3.5 / 9.0"
     assert fig["CPU min, all targets"] == f"{17.5 / 60:.1f}"
 
 

@@ -155,6 +155,7 @@ def corpus_figures(rs: list[dict[str, Any]]) -> dict[str, str]:
         "audit s per model, median / max": _time([r["audit_s"] for r in aud if r.get("audit_s") is not None]),
         "target s (build + audit + forward), median / max":
             _time([r["total_s"] for r in rs if r.get("total_s") is not None]),
+        "CPU s per target, median / max": _time([r["cpu_s"] for r in rs if r.get("cpu_s") is not None]),
         "CPU min, all targets": f"{sum(r.get('cpu_s') or 0 for r in rs) / 60:.1f}",
     }
 

@@ -218,7 +218,18 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         result["forward_s"] = round(time.perf_counter() - t0, 2)
     result["total_s"] = round(time.perf_counter() - start, 2)
     result["cpu_s"] = round(_cpu_seconds() - cpu, 2)
+    result["rss_mb"] = _rss_mb()
     return result
+
+
+def _rss_mb() -> float | None:
+    """This process's resident memory now, in MB (``/proc/self/statm``; None where there is no /proc): the
+    driver restarts a worker that grew past ``--max-rss-mb``."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
 
 @contextlib.contextmanager
