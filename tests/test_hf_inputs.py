@@ -227,3 +227,54 @@ def test_multimodal_forward_that_fails_is_captured_by_its_main_tower_and_parts(r
     graphed = {s.module for s in report.sites if s.detected_by != "module_walk"}
     assert set(vision) <= graphed and len(vision) == 3  # norm1, norm2 of one block, the merger's norm
     assert "language_model.norm" in graphed and report.capture.unaudited == []
+
+
+# Inputs the forward takes besides a main input (issue 10, coverage): each mechanism with a tiny real config,
+# the exact inputs built, and a capture as one graph holding every norm module of the model (sites: each call).
+SERIES = dict(prediction_length=4, context_length=6, lags_sequence=[1, 2, 3], num_time_features=2, d_model=16,
+              encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+              encoder_ffn_dim=16, decoder_ffn_dim=16)
+PARAKEET_ENCODER = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                        num_mel_bins=16, subsampling_conv_channels=8)
+MECHANISMS = {
+    # a forecaster: past window = context 6 + largest lag 3; the future window runs the decoder
+    "series": (("TimeSeriesTransformerConfig", SERIES),
+               "past_values float (2, 9), past_time_features float (2, 9, 2), past_observed_mask bool (2, 9), "
+               "future_values float (2, 4), future_time_features float (2, 4, 2)", 7),
+    # the mel width is in the encoder_config sub-config
+    "encoder_config": (("ParakeetCTCConfig", dict(encoder_config=PARAKEET_ENCODER, vocab_size=33, pad_token_id=32)),
+                       "input_features float (2, 64, 16)", 6),
+    # no width in the config at all: the feature extractor's 128 mel bins, chosen on the meta device
+    "mel_width": (("Gemma4AudioConfig", dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                             subsampling_conv_channels=[128, 32], output_proj_dims=32)),
+                  "input_features float (2, 64, 128)", 11),
+    # required prompt inputs named after known kinds; image_size (64, 32) holds prompt and input stacked
+    "prompt": (("SegGptConfig", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=[64, 32],
+                                     patch_size=8, mlp_dim=64, decoder_hidden_size=16,
+                                     intermediate_hidden_state_indices=[0, 1], merge_index=0)),
+               "pixel_values float (2, 3, 32, 32), prompt_pixel_values float (2, 3, 32, 32), "
+               "prompt_masks float (2, 3, 32, 32)", 6),  # the encoder's final norm runs twice
+    # X-MOD's per-language adapters need lang_ids (forward raises without them and no default language)
+    "lang_ids": (("XmodConfig", dict(TEXT, vocab_size=99, languages=["en_XX", "de_DE"], default_language=None)),
+                 "input_ids int64 (2, 16), lang_ids int64 (2,)", 7),  # the output LayerNorms run twice (adapter_reuse_layer_norm)
+    # Gemma 4's vision tower: a 4x4 grid (2 pooling windows of 2) of 4x4x3 patch rows and their (x, y)
+    "patch_positions": (("Gemma4VisionConfig", dict(TEXT, head_dim=8, num_key_value_heads=4, patch_size=4,
+                                                    pooling_kernel_size=2, position_embedding_size=64)),
+                        "pixel_values float (2, 16, 48), pixel_position_ids int64 (2, 16, 2)", 14),
+    # a codec whose waveform must be whole frames: hop 16 * 6 * 5 * 4 = 1920, 3200 samples rounded up to 3840
+    "hop": (("MuseSparkAudioConfig", dict(hidden_sizes=[8, 16, 16, 32], depths=[1, 1, 1, 1], out_hidden_size=32)),
+            "input_values float (2, 3840)", 10),
+}
+
+
+@pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
+def test_inputs_of_the_forward_are_built_and_captured(mechanism, rules):
+    (config_cls, kw), expected, sites = MECHANISMS[mechanism]
+    model = _auto_meta(config_cls, **kw).eval()
+    assert infer_hf_inputs(model)[1] == expected
+    report = audit_model(model, rules=rules, on_meta=True)
+    assert report.capture.complete and report.capture.method == "export", report.capture.attempts
+    norms = _norm_modules(model)
+    graphed = [s.module for s in report.sites if s.detected_by != "module_walk"]  # from the graph
+    assert len(graphed) == sites and sorted(set(graphed)) == sorted(norms)  # every norm module, each call
+    assert report.capture.unaudited == []

@@ -9,13 +9,18 @@ takes, sized from the config and its nested ``text_config``/``vision_config``/``
 as transformers' own model tests build them (:func:`infer_hf_inputs`): ``input_ids``, ``pixel_values``
 ``(B, num_channels, H, W)`` (``(B, num_frames, C, H, W)`` for video models), ``input_features``
 ``(B, num_mel_bins, frames)`` or ``(B, frames, features)``, ``input_values`` ``(B, samples)``,
-``decoder_input_ids`` for encoder-decoders, image placeholder tokens for vision-language models.
+``decoder_input_ids`` for encoder-decoders, image placeholder tokens for vision-language models, audio
+placeholder tokens for audio-language models; the windows of a time-series forecaster (``past_values``,
+``past_time_features``, ``future_values``...), multi-codebook token ids, prompt images, per-language
+``lang_ids``, patch positions; required parameters named after a known kind (``qformer_input_ids``).
 Where a layout is ambiguous the candidates are tried on the meta device (no weight memory) and the first
 that runs is kept.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -28,18 +33,28 @@ SAMPLES = 3200
 FRAMES = 64
 
 _TEXT = ("text_config",)
-_VISION = ("vision_config", "image_config")
-_AUDIO = ("audio_config", "speech_config")
+_VISION = ("vision_config", "image_config", "video_config")
+_AUDIO = ("audio_config", "speech_config", "encoder_config", "asr_config")
+#: sub-configs whose presence says the model has an audio tower (``encoder_config`` alone does not)
+_AUDIO_TOWERS = ("audio_config", "speech_config")
+#: log-mel widths of the feature extractors of transformers' speech models (Whisper-v3, Parakeet, Gemma
+#: audio: 128; Whisper, Conformer/FastConformer, Speech2Text: 80), tried when the config names no width
+MEL_WIDTHS = (128, 80)
 
 
 def _ids(vocab: int, shape=(BATCH, SEQ)) -> torch.Tensor:
     return torch.randint(0, max(int(vocab), 1), shape, dtype=torch.int64)
 
 
-def _configs(config: Any, subs: tuple[str, ...]) -> list[Any]:
-    """The sub-configs named in ``subs`` that ``config`` has, then ``config`` itself."""
-    found = [getattr(config, s, None) for s in subs]
-    return [c for c in found if c is not None and not isinstance(c, (dict, str))] + [config]
+def _configs(config: Any, subs: tuple[str, ...], depth: int = 2) -> list[Any]:
+    """The sub-configs named in ``subs`` that ``config`` has (and theirs, ``depth`` levels down: NeMo
+    SpeechLM's ``audio_config.asr_config``), deepest first, then ``config`` itself."""
+    out: list[Any] = []
+    for name in subs:
+        sub = getattr(config, name, None)
+        if sub is not None and not isinstance(sub, (dict, str, list, tuple, int, float)) and sub is not config:
+            out += _configs(sub, subs, depth - 1) if depth > 1 else [sub]
+    return out + [config]
 
 
 def cfg_value(config: Any, names: tuple[str, ...], subs: tuple[str, ...] = (), default: Any = None) -> Any:
@@ -69,6 +84,20 @@ def _text_ids(config: Any) -> torch.Tensor:
     return _ids(min(int(vocab), 100))
 
 
+def _token_ids(config: Any) -> Iterator[torch.Tensor]:
+    """Token-id candidates: ``(B, S)``; for a model over several codebooks (``num_codebooks`` K in the
+    config) also the multi-stream layouts of transformers' audio-token models: ``(B, S, K + 1)`` (Kyutai
+    STT: the text stream and K audio streams), ``(B, K, S)`` (Moshi-style), ``(B * K, S)`` (MusicGen)."""
+    ids = _text_ids(config)
+    yield ids
+    k = cfg_value(config, ("num_codebooks",), _TEXT + _AUDIO)
+    if _is_int(k) and k <= 64:
+        vocab = min(int(cfg_value(config, ("vocab_size",), _TEXT, 100)), 100)
+        yield _ids(vocab, (BATCH, SEQ, int(k) + 1))
+        yield _ids(vocab, (BATCH, int(k), SEQ))
+        yield _ids(vocab, (BATCH * int(k), SEQ))
+
+
 def _image(config: Any) -> torch.Tensor:
     """``(B, C, H, W)``, or ``(B, T, C, H, W)`` for a video model (``num_frames`` in the config)."""
     channels = int(cfg_value(config, ("num_channels", "in_channels", "input_channels"), _VISION, 3))
@@ -77,6 +106,39 @@ def _image(config: Any) -> torch.Tensor:
     if isinstance(frames, int) and frames > 0:
         return torch.randn(BATCH, frames, channels, h, w)
     return torch.randn(BATCH, channels, h, w)
+
+
+#: frames of a video input when the config names none (InstructBLIP-Video's tests use 4)
+VIDEO_FRAMES = 4
+
+
+def _images(config: Any) -> Iterator[torch.Tensor]:
+    """Image candidates: :func:`_image`; half of ``image_size``'s height when it is twice the width
+    (SegGPT: ``image_size`` is the prompt and the input stacked, each input half of it); an image pair
+    ``(B, 2, C, H, W)`` (keypoint matchers: EfficientLoFTR, SuperGlue, LightGlue); a clip of
+    :data:`VIDEO_FRAMES` frames ``(B, T, C, H, W)`` for a video model whose config names no frame count."""
+    first = _image(config)
+    yield first
+    if first.dim() == 4:
+        b, c, h, w = first.shape
+        if h == 2 * w:
+            yield torch.randn(b, c, h // 2, w)
+        yield torch.randn(b, 2, c, h, w)
+        yield torch.randn(b, VIDEO_FRAMES, c, h, w)
+
+
+def _videos(config: Any) -> Iterator[torch.Tensor]:
+    """Video candidates ``(B, T, C, H, W)``: the config's ``num_frames``, else :data:`VIDEO_FRAMES` frames."""
+    first = _image(config)
+    yield first if first.dim() == 5 else first.unsqueeze(1).expand(-1, VIDEO_FRAMES, -1, -1, -1).contiguous()
+
+
+def _lang_ids(config: Any) -> Iterator[torch.Tensor]:
+    """X-MOD's ``lang_ids`` ``(B,)``: the first language of ``config.languages`` (its adapters are chosen
+    per example by index); nothing when the config lists no languages."""
+    languages = getattr(config, "languages", None)
+    if isinstance(languages, (list, tuple)) and languages:
+        yield torch.zeros(BATCH, dtype=torch.int64)
 
 
 def _features(config: Any) -> Iterator[torch.Tensor]:
@@ -93,10 +155,13 @@ def _features(config: Any) -> Iterator[torch.Tensor]:
     if per:
         yield torch.randn(BATCH, FRAMES, int(per) * int(cfg_value(config, ("input_channels",), _AUDIO, 1)))
     size = cfg_value(config, ("feature_size", "feature_projection_input_dim", "input_dim", "num_mel_bins"), _AUDIO)
-    if size:
-        yield torch.randn(BATCH, FRAMES, int(size))
-        yield torch.randn(BATCH, 1, FRAMES * 4, int(size))
-        yield torch.randn(BATCH, int(size), FRAMES * 4)
+    stacked = cfg_value(config, ("num_stacked_frames",), _AUDIO)
+    if size and _is_int(stacked):  # FunASR low-frame-rate input: consecutive frames stacked into one vector
+        yield torch.randn(BATCH, FRAMES, int(size) * int(stacked))
+    for width in [int(size)] if size else MEL_WIDTHS:
+        yield torch.randn(BATCH, FRAMES, width)
+        yield torch.randn(BATCH, 1, FRAMES * 4, width)
+        yield torch.randn(BATCH, width, FRAMES * 4)
 
 
 def _values(config: Any) -> Iterator[torch.Tensor]:
@@ -105,10 +170,32 @@ def _values(config: Any) -> Iterator[torch.Tensor]:
     if mel and isinstance(length, int):
         yield torch.randn(BATCH, length, int(mel))
     channels = cfg_value(config, ("audio_channels", "channels"), _AUDIO)
+    samples = _samples(config)
     if isinstance(channels, int):
-        yield torch.randn(BATCH, channels, SAMPLES)
-    yield torch.randn(BATCH, SAMPLES)
-    yield torch.randn(BATCH, 1, SAMPLES)
+        yield torch.randn(BATCH, channels, samples)
+    yield torch.randn(BATCH, samples)
+    yield torch.randn(BATCH, 1, samples)
+
+
+#: config keys whose product is a codec's hop (samples per frame): DAC/XCodec/NeuCodec ``downsampling_ratios``,
+#: EnCodec/Mimi ``upsampling_ratios``, MuseSpark's ``patch_sizes``
+_HOP_KEYS = ("downsampling_ratios", "upsampling_ratios", "patch_sizes")
+
+
+def _samples(config: Any) -> int:
+    """Waveform length: :data:`SAMPLES`, rounded up to a whole number of the codec's frames (the product of
+    :data:`_HOP_KEYS`, or ``hop_length``) when the config gives one (some codecs require it)."""
+    hop = 1
+    ratios = cfg_value(config, _HOP_KEYS, _AUDIO + ("acoustic_model_config",))
+    if isinstance(ratios, (list, tuple)) and ratios and all(_is_int(r) for r in ratios):
+        for r in ratios:
+            hop *= int(r)
+    else:
+        length = cfg_value(config, ("hop_length",), _AUDIO + ("acoustic_model_config",))
+        hop = int(length) if _is_int(length) else 1
+    if hop <= 1 or hop > 48000:
+        return SAMPLES
+    return -(-SAMPLES // hop) * hop
 
 
 def _patches(config: Any) -> Iterator[torch.Tensor]:
@@ -139,11 +226,95 @@ def _merge_sizes(config: Any) -> torch.Tensor:
     return torch.tensor([merge] * BATCH, dtype=torch.int64)
 
 
+def _position_grid_side(config: Any) -> int:
+    """Side of the patch grid of :func:`_patch_rows`: two pooling windows (``pooling_kernel_size``)."""
+    return 2 * int(cfg_value(config, ("pooling_kernel_size",), _VISION, 2))
+
+
+def _patch_rows(config: Any) -> Iterator[torch.Tensor]:
+    """Gemma-4-style patchified images ``(B, g * g, C * patch * patch)`` for a ``g x g`` patch grid
+    (:func:`_position_grid_side`), with :func:`_patch_positions` giving ``pixel_position_ids``."""
+    g = _position_grid_side(config)
+    channels = int(cfg_value(config, ("num_channels", "in_channels"), _VISION, 3))
+    patch = int(cfg_value(config, ("patch_size",), _VISION, 16))
+    yield torch.randn(BATCH, g * g, channels * patch * patch)
+
+
+def _patch_positions(config: Any) -> Iterator[torch.Tensor]:
+    """``pixel_position_ids`` ``(B, g * g, 2)``: the (x, y) of each patch of :func:`_patch_rows`, row by row
+    (no padding patch, which would be ``(-1, -1)``)."""
+    g = _position_grid_side(config)
+    ys, xs = torch.meshgrid(torch.arange(g), torch.arange(g), indexing="ij")
+    grid = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)
+    yield grid.unsqueeze(0).expand(BATCH, -1, -1).contiguous()
+
+
 def _mel_frames(config: Any) -> Iterator[torch.Tensor]:
     """Gemma3n-style ``audio_mel`` ``(B, frames, mel)`` (``input_feat_size`` or ``num_mel_bins`` wide)."""
     mel = cfg_value(config, ("input_feat_size", "num_mel_bins", "feature_size"), _AUDIO)
     if mel:
         yield torch.randn(BATCH, FRAMES, int(mel))
+
+
+def _past_length(config: Any) -> int:
+    """Time steps of a forecaster's ``past_values``: ``context_length + max(lags_sequence)`` for the lagged
+    models (TimeSeriesTransformer, Informer, Autoformer: ``config._past_length`` in transformers), else
+    ``context_length`` (PatchTST, PatchTSMixer)."""
+    context = int(cfg_value(config, ("context_length",), (), SEQ))
+    lags = getattr(config, "lags_sequence", None)
+    if isinstance(lags, (list, tuple)) and lags and all(_is_int(v) for v in lags):
+        return context + max(lags)
+    return context
+
+
+def _series(config: Any, length: int) -> torch.Tensor:
+    """A target series over ``length`` steps: ``(B, T)`` for one variate (``input_size`` 1), ``(B, T, V)``
+    for ``V`` variates (``input_size`` of the lagged models, ``num_input_channels`` of PatchTST)."""
+    lagged = getattr(config, "lags_sequence", None) is not None
+    variates = cfg_value(config, ("input_size",) if lagged else ("num_input_channels", "input_size"), (), 1)
+    if lagged and int(variates) == 1:
+        return torch.randn(BATCH, length)
+    return torch.randn(BATCH, length, int(variates))
+
+
+def _time_features(config: Any, length: int) -> torch.Tensor:
+    """``(B, T, num_time_features + num_dynamic_real_features)``: the covariates a lagged forecaster
+    concatenates to its lagged inputs (width 0 when the config has none)."""
+    width = sum(int(getattr(config, k, 0) or 0) for k in ("num_time_features", "num_dynamic_real_features"))
+    return torch.randn(BATCH, length, width)
+
+
+def _prediction_length(config: Any) -> int:
+    return int(cfg_value(config, ("prediction_length",), (), SEQ // 2))
+
+
+def _static_categorical(config: Any) -> Iterator[torch.Tensor]:
+    """``(B, num_static_categorical_features)`` category ids below each feature's ``cardinality``; nothing
+    when the config has no static categorical feature (forward then takes None)."""
+    count = int(getattr(config, "num_static_categorical_features", 0) or 0)
+    cards = list(getattr(config, "cardinality", None) or [])
+    if count > 0 and len(cards) >= count and all(_is_int(c) for c in cards[:count]):
+        yield torch.stack([torch.randint(0, c, (BATCH,)) for c in cards[:count]], dim=1)
+
+
+def _static_real(config: Any) -> Iterator[torch.Tensor]:
+    count = int(getattr(config, "num_static_real_features", 0) or 0)
+    if count > 0:
+        yield torch.randn(BATCH, count)
+
+
+#: the inputs of transformers' time-series forecasters, as their model tests build them
+#: (``TimeSeriesTransformerModelTester.prepare_config_and_inputs``): past and future windows of the series,
+#: their time features, an all-observed mask. Given future values, the models run their decoders too.
+SERIES_BUILDERS: dict[str, Callable[[Any], Iterator[torch.Tensor]]] = {
+    "past_values": lambda c: iter([_series(c, _past_length(c))]),
+    "past_time_features": lambda c: iter([_time_features(c, _past_length(c))]),
+    "past_observed_mask": lambda c: iter([torch.ones_like(_series(c, _past_length(c)), dtype=torch.bool)]),
+    "future_values": lambda c: iter([_series(c, _prediction_length(c))]),
+    "future_time_features": lambda c: iter([_time_features(c, _prediction_length(c))]),
+    "static_categorical_features": _static_categorical,
+    "static_real_features": _static_real,
+}
 
 
 def _one(fn: Callable[[Any], torch.Tensor]) -> Callable[[Any], Iterator[torch.Tensor]]:
@@ -152,15 +323,22 @@ def _one(fn: Callable[[Any], torch.Tensor]) -> Callable[[Any], Iterator[torch.Te
 
 #: forward parameter -> candidate tensors built from the config, first choice first
 BUILDERS: dict[str, Callable[[Any], Iterator[torch.Tensor]]] = {
-    "input_ids": _one(_text_ids), "decoder_input_ids": _one(_text_ids), "pixel_values": _one(_image),
-    "pixel_values_videos": _one(_image), "input_features": _features, "input_values": _values,
-    "audio_mel": _mel_frames,
+    "input_ids": _token_ids, "decoder_input_ids": _one(_text_ids), "pixel_values": _images,
+    "pixel_values_videos": _videos, "lang_ids": _lang_ids, "input_features": _features, "input_values": _values,
+    "audio_mel": _mel_frames, **SERIES_BUILDERS,
 }
+#: optional forward inputs built whenever ``forward`` takes them, as they switch on a part of the model the
+#: main input alone leaves un-run (a forecaster's decoder runs on ``future_values``); left out when their
+#: builder gives nothing for this config (no static features)
+EXTRAS = ("future_values", "future_time_features", "static_categorical_features", "static_real_features",
+          "lang_ids")
 #: inputs given besides ``main_input_name`` when ``forward`` takes them: the other towers of a multimodal model
-COMPANIONS = ("input_ids", "pixel_values", "input_features")
+COMPANIONS = ("input_ids", "pixel_values", "input_features", "pixel_values_videos", "input_values")
 #: when ``forward`` takes the key, the inputs are built by the value's builders instead (patch-list VLMs)
 VARIANTS: dict[str, dict[str, Callable[[Any], Iterator[torch.Tensor]]]] = {
     "image_grid_thw": {"pixel_values": _patches, "image_grid_thw": _one(_grid)},
+    # Gemma 4's vision tower: patch rows with their (x, y) positions
+    "pixel_position_ids": {"pixel_values": _patch_rows, "pixel_position_ids": _patch_positions},
     # vision towers of patch-list VLMs called alone: ``forward(pixel_values | hidden_states, grid_thw)``
     "grid_thw": {"pixel_values": _patches, "hidden_states": _patches, "grid_thw": _one(_grid),
                  "merge_sizes": _one(_merge_sizes)},
@@ -168,6 +346,25 @@ VARIANTS: dict[str, dict[str, Callable[[Any], Iterator[torch.Tensor]]]] = {
 #: required forward parameters ending so are masks over the time axis of the input they name the prefix
 #: of (``input_features_mask``, ``audio_mel_mask``): all positions valid
 _MASK_SUFFIX = "_mask"
+
+
+#: name endings of required ``forward`` parameters that are one more input of a known kind: a second text
+#: stream (InstructBLIP's ``qformer_input_ids``), a prompt image and its masks (SegGPT's
+#: ``prompt_pixel_values``, ``prompt_masks``: image-shaped, as its model test builds them)
+SUFFIX_BUILDERS: tuple[tuple[str, str], ...] = (("input_ids", "input_ids"), ("pixel_values", "pixel_values"),
+                                                ("_masks", "pixel_values"))
+
+
+def _with_suffix_builders(params: dict[str, inspect.Parameter],
+                          builders: dict[str, Callable[[Any], Iterator[torch.Tensor]]]) -> None:
+    """Give the required parameters of ``forward`` no builder knows by name the builder of the input kind
+    their name ends with (:data:`SUFFIX_BUILDERS`), in place."""
+    for name in _required(params):
+        if name in builders:
+            continue
+        kind = next((k for end, k in SUFFIX_BUILDERS if name.endswith(end) and k in builders), None)
+        if kind is not None:
+            builders[name] = builders[kind]
 
 
 def _forward_params(model: Any) -> dict[str, inspect.Parameter]:
@@ -209,15 +406,19 @@ def _wanted(model: nn.Module, config: Any, params: dict[str, inspect.Parameter],
     if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False):
         names.append("decoder_input_ids")
     names += [n for n in required if n in builders and n not in names and names]
+    names += [n for n in EXTRAS if n in params and n in builders and n not in names and names]
     return names
 
 
 def _has_modality(config: Any, name: str) -> bool:
     """Whether the config describes the tower that takes ``name`` (a vision sub-config, a text vocabulary)."""
-    if name == "pixel_values":
-        return any(getattr(config, s, None) is not None for s in _VISION)
-    if name == "input_features":
-        return any(getattr(config, s, None) is not None for s in _AUDIO)
+    if name == "pixel_values":  # a vision sub-config, or image sizes in the config itself (ViLT)
+        return (any(getattr(config, s, None) is not None for s in _VISION)
+                or all(getattr(config, k, None) is not None for k in ("image_size", "patch_size")))
+    if name in ("input_features", "input_values"):
+        return any(getattr(config, s, None) is not None for s in _AUDIO_TOWERS)
+    if name == "pixel_values_videos":
+        return getattr(config, "video_config", None) is not None
     return cfg_value(config, ("vocab_size",), _TEXT) is not None
 
 
@@ -235,7 +436,7 @@ def infer_hf_inputs(model: nn.Module) -> Optional[tuple[Any, str]]:
     Returns ``(kwargs, description)``. Each input named by :func:`_wanted` gets the candidates of
     :data:`BUILDERS`; on a meta model the combinations are tried with a forward on meta tensors and the
     first that runs is kept (else the first candidates). Vision-language models get image placeholder
-    tokens in ``input_ids`` (:func:`_with_image_tokens`). Never raises.
+    tokens in ``input_ids``, audio-language models audio ones (:func:`_with_placeholders`). Never raises.
     """
     config = getattr(model, "config", None)
     name = getattr(model, "main_input_name", None)
@@ -246,26 +447,54 @@ def infer_hf_inputs(model: nn.Module) -> Optional[tuple[Any, str]]:
     for key, variant in VARIANTS.items():
         if key in params:
             builders.update(variant)
+    _with_suffix_builders(params, builders)
     names = _wanted(model, config, params, builders)
     if not names:
         return None
     if any(n in names for n in ("pixel_values", "hidden_states")):  # the grid of a patch list goes with it
         names += [n for key, variant in VARIANTS.items() if key in params
                   for n in variant if n in params and n not in names]
-    choices = {n: list(builders[n](config)) for n in names}
+    sized = _with_declared_image_size(model, config)
+    choices = {n: list(builders[n](sized)) for n in names}
+    choices = {n: c for n, c in choices.items() if c or n not in EXTRAS}
     if any(not c for c in choices.values()):
         return None
     first = _with_masks(params, {n: c[0] for n, c in choices.items()})[0]
-    kwargs = _pick(model, params, choices) or first
-    kwargs = _with_image_tokens(model, config, kwargs, params)
+    kwargs = _pick(model, params, choices, {n: builders[n] for n in choices}) or first
+    kwargs = _with_placeholders(model, config, kwargs, params)
     return kwargs, _describe(kwargs)
 
 
+class _DeclaredImageSize:
+    """``config`` seen with ``image_size`` set (every other attribute read from ``config``)."""
+
+    def __init__(self, config: Any, size: tuple[int, int]):
+        self._config = config
+        self.image_size = size
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
+
+
+def _with_declared_image_size(model: nn.Module, config: Any) -> Any:
+    """``config``, or, when it names no image size but a submodule declares one (a timm backbone's
+    ``pretrained_cfg['input_size']``, wrapped by ``TimmWrapper``: Perception Encoder video towers need
+    336 x 336), ``config`` seen with that ``image_size`` (:class:`_DeclaredImageSize`)."""
+    if cfg_value(config, ("image_size", "input_size", "img_size"), _VISION) is not None:
+        return config
+    for _, module in model.named_modules():
+        declared = declared_input_size(module)
+        if declared is not None and len(declared[0]) == 3:
+            return _DeclaredImageSize(config, declared[0][1:])
+    return config
+
+
 def _with_masks(params: dict[str, inspect.Parameter], combo: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
-    """``combo`` completed with the required ``<input>_mask`` parameters of ``forward`` (all ones, bool,
+    """``combo`` completed with the ``<input>_mask`` parameters of ``forward`` (all ones, bool,
     over the time axis of ``<input>``): one candidate with the time axis at dim 1 (``(B, T, F)``), one at
-    the last dim (``(B, mel, T)``). ``[combo]`` when ``forward`` requires no such mask."""
-    masks = [(n, n[: -len(_MASK_SUFFIX)]) for n in _required(params)
+    the last dim (``(B, mel, T)``). ``[combo]`` when ``forward`` takes no such mask. Optional masks are
+    given too: NeMo SpeechLM counts audio frames from ``input_features_mask`` although it defaults to None."""
+    masks = [(n, n[: -len(_MASK_SUFFIX)]) for n in _named(params)
              if n.endswith(_MASK_SUFFIX) and n[: -len(_MASK_SUFFIX)] in combo and n not in combo]
     if not masks:
         return [combo]
@@ -305,15 +534,25 @@ def main_tower_inputs(model: nn.Module, kwargs: dict[str, Any]) -> Optional[dict
     return out
 
 
-def _combinations(choices: dict[str, list[torch.Tensor]], limit: int = 12) -> Iterator[dict[str, torch.Tensor]]:
-    """Candidate input sets: every main-input candidate with the first of the others, then fewer inputs."""
+def _combinations(choices: dict[str, list[torch.Tensor]], limit: int = 16,
+                  ties: Optional[dict[str, Any]] = None) -> Iterator[dict[str, torch.Tensor]]:
+    """Candidate input sets: every main-input candidate with the first of the others, then each other
+    input's further candidates with the first of the rest (a companion's layout: CLVP's ``(B, mel, T)``
+    features beside its text), then fewer inputs. At most ``limit`` sets. Inputs with the same ``ties``
+    value (built by one builder: SegGPT's input and prompt images) take the same candidate together."""
     names = list(choices)
-    count = 0
-    for i, main in enumerate(choices[names[0]]):
-        yield {names[0]: main, **{n: choices[n][0] for n in names[1:]}}
-        count += 1
-        if count >= limit:
-            return
+    ties = ties or {}
+    count, done = 0, set()
+    for name in names:
+        group = [n for n in names if n == name or (n in ties and ties[n] == ties.get(name))]
+        if done & set(group):
+            continue
+        done |= set(group)
+        for i in range(1 if name != names[0] else 0, len(choices[name])):
+            yield {n: choices[n][i] if n in group and i < len(choices[n]) else choices[n][0] for n in names}
+            count += 1
+            if count >= limit:
+                return
     for n in names[1:]:  # a companion that breaks the forward is left out
         if count >= limit:
             return
@@ -321,13 +560,14 @@ def _combinations(choices: dict[str, list[torch.Tensor]], limit: int = 12) -> It
         count += 1
 
 
-def _pick(model: nn.Module, params: dict, choices: dict[str, list[torch.Tensor]]) -> Optional[dict[str, Any]]:
+def _pick(model: nn.Module, params: dict, choices: dict[str, list[torch.Tensor]],
+          ties: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
     """The first combination a meta forward accepts (only for a model on the meta device), else None."""
     if not _on_meta(model):
         return None
-    for combo in _combinations(choices):
+    for combo in _combinations(choices, ties=ties):
         for candidate in _with_masks(params, combo):
-            if _runs_on_meta(model, params, _with_image_tokens(model, model.config, candidate, params)):
+            if _runs_on_meta(model, params, _with_placeholders(model, model.config, candidate, params)):
                 return candidate
     return None
 
@@ -344,8 +584,6 @@ def forward_kwargs(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _runs_on_meta(model: nn.Module, params: dict, kwargs: dict[str, Any]) -> bool:
-    import contextlib
-    import io
     import warnings
 
     meta = {k: v.to("meta") for k, v in kwargs.items()}
@@ -389,16 +627,62 @@ def _with_image_tokens(model: nn.Module, config: Any, kwargs: dict[str, Any], pa
     return {**kwargs, "input_ids": torch.cat([image, text], dim=1)}
 
 
+def _with_placeholders(model: nn.Module, config: Any, kwargs: dict[str, Any], params: dict) -> dict[str, Any]:
+    """``kwargs`` with the placeholder tokens the model's fusion of towers needs in ``input_ids``: image
+    tokens (:func:`_with_image_tokens`), then audio tokens (:func:`_with_audio_tokens`)."""
+    return _with_audio_tokens(model, config, _with_image_tokens(model, config, kwargs, params))
+
+
+def _audio_token(config: Any) -> Optional[int]:
+    for key in ("audio_token_id", "audio_token_index"):
+        v = getattr(config, key, None)
+        if isinstance(v, int) and v >= 0:
+            return v
+    return None
+
+
+def _with_audio_tokens(model: nn.Module, config: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """For an audio-language model (``get_audio_features``) given ``input_features`` and ``input_ids``:
+    with an ``audio_token_id``, ``input_ids`` holding one placeholder per audio feature of each example
+    before the text (NeMo SpeechLM, Qwen2-Audio style: features scattered into the placeholders); with no
+    audio token key at all, text as long as the audio features (Voxtral-Realtime adds them position by
+    position). Counted on the meta device; ``kwargs`` unchanged when the count cannot be had."""
+    ids, feats = kwargs.get("input_ids"), kwargs.get("input_features")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or not isinstance(feats, torch.Tensor):
+        return kwargs
+    extra = {k: v for k, v in kwargs.items() if k not in ("input_ids", "input_features")}
+    per_example = _feature_count(model, "get_audio_features", "input_features", feats, extra)
+    if not per_example:
+        return kwargs
+    token = _audio_token(config)
+    vocab = min(int(cfg_value(config, ("vocab_size",), _TEXT, 100)), 100)
+    if token is not None:
+        text = _ids(min(vocab, token) or 1, (BATCH, SEQ))
+        audio = torch.full((BATCH, per_example), token, dtype=torch.int64)
+        return {**kwargs, "input_ids": torch.cat([audio, text], dim=1)}
+    if any("audio" in k and "token" in k for k in vars(config)):  # a placeholder scheme not known here
+        return kwargs
+    return {**kwargs, "input_ids": _ids(vocab, (BATCH, per_example))}
+
+
 def _image_feature_count(model: nn.Module, pixels: torch.Tensor, extra: dict[str, Any]) -> Optional[int]:
     """Features one example's images give (``get_image_features`` on meta tensors), or None when it does
     not run. ``extra`` holds other image inputs (``image_grid_thw``) passed where the method takes them."""
-    if not _on_meta(model):
+    return _feature_count(model, "get_image_features", "pixel_values", pixels, extra)
+
+
+def _feature_count(model: nn.Module, method: str, key: str, values: torch.Tensor,
+                   extra: dict[str, Any]) -> Optional[int]:
+    """Features per example that ``model.<method>(<key>=values, **extra)`` returns, run on meta tensors
+    (``get_image_features`` / ``get_audio_features``), or None when it does not run or the model is not on
+    the meta device. Only the ``extra`` inputs the method takes are passed."""
+    if not _on_meta(model) or not hasattr(model, method):
         return None
-    takes = _forward_params(model.get_image_features) if hasattr(model, "get_image_features") else {}
+    takes = _forward_params(getattr(model, method))
     more = {k: v.to("meta") if v.is_floating_point() else v for k, v in extra.items() if k in takes}
     try:
-        with torch.no_grad():
-            out = model.get_image_features(pixel_values=pixels.to("meta"), **more)
+        with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+            out = getattr(model, method)(**{key: values.to("meta")}, **more)
     except Exception:  # noqa: BLE001
         return None
     for attr in ("pooler_output", "last_hidden_state"):
