@@ -229,3 +229,15 @@ def test_a_block_number_read_only_for_a_cache_keeps_the_reduced_capture(rules):
     assert "blocks.3..6 carried over from blocks.2" in next(a.method for a in fast.capture.attempts if a.ok)
     assert comparable(fast) == comparable(full)
     assert [s.eps for s in fast.sites] == [1e-5] * 8
+
+
+@pytest.mark.usefixtures("deep_enough")
+def test_the_users_meta_model_is_left_on_meta_and_serves_as_the_probe_model(rules):
+    """The depth-independent path captures a copy of its reduced model, so the user's meta model is no copy's
+    source of fake tensors: it stays on meta and the formula probe reads it (no deep copy of the whole model)."""
+    model = _hf("llama", 5)
+    mua = ModelUnderAudit(model=model, inputs=None, on_meta=True, kind="python", origins={})
+    report = build_report(AuditOptions(target="llama", repeats=True), mua, rules)
+    assert "depth-independent" in next(a.method for a in report.capture.attempts if a.ok)
+    assert all(p.is_meta for p in model.parameters()) and all(b.is_meta for b in model.buffers())
+    assert all(s.formula is not None and s.formula.confirmed for s in report.sites)
