@@ -208,3 +208,44 @@ def test_long_errors_keep_their_end():
                                + " got multiple values for keyword argument 'use_cache'"))
     assert text.startswith("TypeError: Sequential( (0): Linear(") and len(text) < 320
     assert text.endswith("got multiple values for keyword argument 'use_cache'")
+
+
+class ChunkedAudio(nn.Module):
+    """Qwen3-ASR's audio chunks: per-example lengths after a stride-2 conv, cut into windows of ``window``
+    frames, the boundaries built with ``torch.tensor`` from a list holding one-element tensors (rows of the
+    lengths), then ``cumsum`` and ``.tolist()`` split sizes."""
+
+    def __init__(self, d: int = 8, window: int = 3):
+        super().__init__()
+        self.window = window
+        self.proj = nn.Linear(4, d)
+        self.norm = nn.LayerNorm(d, eps=1e-5)
+
+    def forward(self, frames, lengths):
+        x = self.proj(frames)
+        chunks = [0]
+        for n in (lengths - 1) // 2 + 1:
+            chunks += [self.window] * int(n // self.window)
+            if n % self.window != 0:
+                chunks += [n % self.window]
+        cu = torch.tensor(chunks).cumsum(-1)
+        return torch.cat([self.norm(c) for c in torch.split(x, (cu[1:] - cu[:-1]).tolist(), dim=0)])
+
+
+def test_tensor_from_a_list_of_constant_elements():
+    lengths = torch.tensor([9, 4])  # -> 5 and 2 frames: windows 3+2 and 2
+    cap = capture_model(ChunkedAudio(), (torch.randn(7, 4), lengths), on_meta=False, methods=("export",),
+                        parts_fallback=False)
+    assert [(a.method, a.ok) for a in cap.attempts] == [
+        ("export", False), ("export (integer inputs as constants)", True)]
+    assert [tuple(n.meta["val"].shape) for n in cap.gm.graph.nodes if "layer_norm" in str(n.target)] == [
+        (3, 8), (2, 8), (2, 8)]
+    assert len(cap.user_inputs) == 2  # frames and the lifted lengths; constants made inside are not inputs
+
+
+def test_factory_constants_are_not_model_inputs():
+    cap = capture_model(WindowTower(), (torch.randn(10, 6), GRID), on_meta=False, methods=("export",),
+                        parts_fallback=False)
+    assert cap.complete and len(cap.user_inputs) == 2
+    placeholders = [n.name for n in cap.gm.graph.nodes if n.op == "placeholder"]
+    assert sum("lifted_tensor" in p for p in placeholders) > 1  # the aranges, lifted, are in the graph

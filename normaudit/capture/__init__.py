@@ -120,6 +120,11 @@ class _LiftedFactories(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is torch.tensor and args and isinstance(args[0], (list, tuple)):
+            # a list holding one-element tensors (``[0, n % w, ...]`` from a constant's rows): torch.tensor
+            # reads their storage directly, which a fake tensor has not; their .item() is the value (a
+            # Python number for a constant, an unbacked symbol otherwise)
+            return func(self._items(args[0]), *args[1:], **kwargs)
         if func not in self.FACTORIES or not self._plain(args, kwargs):
             return func(*args, **kwargs)
         from torch.utils._python_dispatch import _disable_current_modes
@@ -129,6 +134,14 @@ class _LiftedFactories(torch.overrides.TorchFunctionMode):
         if real.numel() > CONSTANT_PROPAGATION_LIMIT or real.requires_grad:
             return func(*args, **kwargs)
         return torch.tensor(real.tolist(), dtype=real.dtype)
+
+    @classmethod
+    def _items(cls, data: Any) -> Any:
+        if isinstance(data, torch.Tensor) and data.numel() == 1:
+            return data.item()
+        if isinstance(data, (list, tuple)):
+            return type(data)(cls._items(x) for x in data)
+        return data
 
     @staticmethod
     def _plain(args: tuple, kwargs: dict) -> bool:
@@ -283,8 +296,12 @@ def _export(model: nn.Module, args: Any, mode: FakeTensorMode, kwargs: Optional[
         ep = _export_flat(model, args, {k: v for k, v in kwargs.items() if k != "use_cache"}, mode, fixed)
     from torch.export.graph_signature import InputKind
 
-    kinds = (InputKind.USER_INPUT, InputKind.CONSTANT_TENSOR) if fixed else (InputKind.USER_INPUT,)
-    user = [s.arg.name for s in ep.graph_signature.input_specs if s.kind in kinds and hasattr(s.arg, "name")]
+    def is_input(spec: Any) -> bool:  # a constant lifted by _Flatten itself (no module path): a fixed input;
+        # one lifted inside the model (``m.lifted_tensor_3``: a factory made constant) is not
+        return spec.kind == InputKind.USER_INPUT or (
+            bool(fixed) and spec.kind == InputKind.CONSTANT_TENSOR and "." not in str(spec.target))
+
+    user = [s.arg.name for s in ep.graph_signature.input_specs if is_input(s) and hasattr(s.arg, "name")]
     from normaudit.capture.hop import inline_wrapped_regions
 
     inline_wrapped_regions(ep.graph_module)  # no_grad/autocast bodies: their norms are sites too
