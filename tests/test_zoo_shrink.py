@@ -162,3 +162,12 @@ def test_gemma3n_kv_sharing_and_per_layer_vocab_shrink():
     d = targets.shrink_config_dict({"num_hidden_layers": 35, "num_kv_shared_layers": 15, "vocab_size": 262400,
                                     "vocab_size_per_layer_input": 262144, "hidden_size": 2048})
     assert (d["num_kv_shared_layers"], d["vocab_size"], d["vocab_size_per_layer_input"]) == (0, 1024, 1024)
+
+
+def test_sliding_window_given_where_sliding_heads_are_configured():
+    # Step3p7: num_sliding_attention_heads set, sliding_window left None for the checkpoint to give; the
+    # model builds its sliding mask from it unconditionally. Mistral's None (no sliding) stays None.
+    d = targets.shrink_config_dict({"sliding_window": None, "num_sliding_attention_heads": 64, "hidden_size": 4096})
+    assert d["sliding_window"] == 8 and d["num_sliding_attention_heads"] == 4
+    d = targets.shrink_config_dict({"sliding_window": None, "use_sliding_window": False, "hidden_size": 4096})
+    assert d["sliding_window"] is None

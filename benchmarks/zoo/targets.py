@@ -188,6 +188,9 @@ def shrink_config_dict(d: dict[str, Any], level: str = "small") -> dict[str, Any
     d = copy.deepcopy(d)
     if d.get("prediction_length", 0) is None:  # time-series configs have no default horizon
         d["prediction_length"] = 8
+    if "sliding_window" in d and d["sliding_window"] is None and any(
+            "sliding" in k and _is_int(v) and v > 0 for k, v in d.items()):
+        d["sliding_window"] = 8  # Step3p7: sliding heads configured, the window left to the checkpoint
     if level == "default":
         return d
     for key, value in list(d.items()):
