@@ -453,6 +453,14 @@ def test_gemma2_is_sandwich_and_resnet_is_post(placement_rules):
     assert site(report, "encoder.stages.0.layers.1.layer.0.normalization").extra["branch_position"] == "inner"
     assert report.model.placement == "post"
     assert [f for f in report.findings if f.severity != "info"] == []
+    # bottlenecks whose first block projects the stem's output (conv -> BN -> ReLU -> max-pool feeds both the
+    # 1x1 shortcut and the branch): the stem's BN is no branch-input norm of a sandwich
+    model = _hf("ResNetConfig", "ResNetModel", embedding_size=16, hidden_sizes=[8, 16], depths=[2, 2],
+                layer_type="bottleneck")
+    report = _light_audit(model, (torch.randn(1, 3, 32, 32),), rules=placement_rules, on_meta=True)
+    assert site(report, "embedder.embedder.normalization").extra["branch_position"] == "input"
+    assert report.model.blocks[0].norms["encoder.stages.0.layers.0.shortcut.normalization"] == "sandwich"
+    assert report.model.placement == "post"
 
 
 def _conv_decoder():

@@ -1081,8 +1081,10 @@ def _model_facts(g: _Graph, adds: list[ResidualAdd], residual: dict[fx.Node, Res
 
 def _branch_input_normed(infos: list[_SiteInfo]) -> bool:
     """Some norm normalises the stream value a residual branch reads (``pre`` at ``branch_position``
-    ``input``), as the first norm of a sandwich does."""
-    return any(i.placement == "pre" and i.rec.site.extra.get("branch_position") == "input" for i in infos)
+    ``input``), as the first norm of a sandwich does; one that also feeds a projection shortcut (a ResNet
+    stem's conv -> BN before the first block's 1x1 projection) is no evidence (``_SiteInfo.feeds_shortcut``)."""
+    return any(i.placement == "pre" and i.rec.site.extra.get("branch_position") == "input" and not i.feeds_shortcut
+               for i in infos)
 
 
 def _consumer(g: _Graph, node: fx.Node) -> str:
