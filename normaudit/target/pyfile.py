@@ -265,7 +265,9 @@ def _resolve_cached(filename: str) -> Optional[Path]:
         return None
 
 
+@functools.lru_cache(maxsize=8192)  # per constructed module and stack frame: a deep model asks thousands of times
 def _under(path: Optional[Path], roots: tuple[Path, ...]) -> bool:
+    """``path`` is one of ``roots`` or inside one (by path components; pure, so cached)."""
     return path is not None and any(path == r or r in path.parents for r in roots)
 
 
