@@ -10,6 +10,10 @@ Names a rule expression can read:
 - ``params``: the rule's own ``params``; names defined in the rule's ``let`` (evaluated in order);
 - functions: ``isclose``, ``first_key``, ``lookup``, ``join``, ``fp_rounds_to_zero``, ``finfo_eps``, ``any``, ``all``,
   ``len``, ``min``, ``max``, ``abs``, ``sorted``, ``set``, ``str``, ``float``, ``int``.
+
+A site-scope rule is evaluated once per class of sites that agree on every site fact its expressions read
+(:func:`site_reads`; the identical blocks of a deep stack differ only in paths most rules never read), and its
+message and fix are filled for each site of the class (:func:`evaluate`).
 """
 from __future__ import annotations
 
