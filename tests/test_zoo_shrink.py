@@ -37,7 +37,7 @@ def test_wide_level_keeps_full_size_heads():
                                     "num_hidden_layers": 80, "head_dim": 128}, "wide")
     assert (d["hidden_size"], d["num_attention_heads"], d["intermediate_size"], d["num_hidden_layers"],
             d["head_dim"]) == (512, 4, 1024, 2, 128)
-    assert targets.SHRINK_LEVELS == ("small", "small3", "wide", "layers", "default")
+    assert targets.SHRINK_LEVELS == ("small", "small3", "wide", "layers", "default", "filled")
 
 
 def test_meta_forward_tells_a_shrink_that_breaks_the_model():
@@ -171,3 +171,14 @@ def test_sliding_window_given_where_sliding_heads_are_configured():
     assert d["sliding_window"] == 8 and d["num_sliding_attention_heads"] == 4
     d = targets.shrink_config_dict({"sliding_window": None, "use_sliding_window": False, "hidden_size": 4096})
     assert d["sliding_window"] is None
+
+
+def test_filled_level_gives_sizes_left_to_the_checkpoint():
+    # dots1 / Hunyuan / ESM defaults leave expert counts, head_dim, vocab_size None: no level builds them
+    base = {"hidden_size": 4096, "num_attention_heads": 32, "n_routed_experts": None, "num_experts_per_tok": None,
+            "n_shared_experts": None, "head_dim": None, "vocab_size": None, "pad_token_id": None}
+    assert targets.shrink_config_dict(base)["n_routed_experts"] is None
+    d = targets.shrink_config_dict(base, "filled")
+    assert (d["n_routed_experts"], d["num_experts_per_tok"], d["n_shared_experts"], d["head_dim"],
+            d["vocab_size"], d["hidden_size"]) == (4, 2, 1, 16, 1024, 64)
+    assert d["pad_token_id"] is None  # a missing token id means "none", not a size

@@ -20,8 +20,10 @@ from typing import Any
 #: Shrink levels tried in order: "small" (all sizes), "small3" (the same with widths of 96 = 2^5 * 3: models
 #: that take ``hidden_size // 6`` or ``// 3`` per part, LiLT's 2-D position embeddings), "wide" (depth and
 #: counts, widths of one 128-wide head per head: rotary sections and head-dim tables written for full-size
-#: heads still fit), "layers" (only depth), "default" (config as is).
-SHRINK_LEVELS = ("small", "small3", "wide", "layers", "default")
+#: heads still fit), "layers" (only depth), "default" (config as is), and, only where none of these builds,
+#: "filled" ("small" with the sizes a library's defaults leave to the checkpoint, ``None``, given test values:
+#: ESM ``vocab_size``, dots1 expert counts, Hunyuan ``head_dim``).
+SHRINK_LEVELS = ("small", "small3", "wide", "layers", "default", "filled")
 
 HIDDEN = 64
 HEADS = 4
@@ -45,8 +47,8 @@ _FFN_KEYS = re.compile(r"^(intermediate_size|ffn_dim|encoder_ffn_dim|decoder_ffn
                        r"ffn_hidden_size|mlp_dim|d_inner|dim_feedforward|inner_dim|feed_forward_size|"
                        r".*_intermediate_size)$")
 _EXPERT_KEYS = re.compile(r"^(num_experts|n_routed_experts|num_local_experts|moe_num_experts|n_experts)$")
-_TOPK_KEYS = re.compile(r"^(num_experts_per_tok|num_experts_per_token|moe_topk|moe_top_k|top_k|num_selected_experts|"
-                        r"moe_k)$")
+_TOPK_KEYS = re.compile(r"^(num_experts_per_tok|num_experts_per_token|moe_topk|moe_top_k|top_k|top_k_experts|"
+                        r"num_selected_experts|moe_k)$")
 _SMALL_DIMS = {"head_dim": 16, "d_head": 16, "attention_head_size": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
                "kv_lora_rank": 32, "q_lora_rank": 32, "d_kv": 16, "attention_head_dim": 16}
 _TOKEN_KEY = re.compile(r".*(_token_id|_token_index|_token_ids|_id)$")
@@ -193,10 +195,13 @@ def shrink_config_dict(d: dict[str, Any], level: str = "small") -> dict[str, Any
         d["sliding_window"] = 8  # Step3p7: sliding heads configured, the window left to the checkpoint
     if level == "default":
         return d
+    if level == "filled":
+        _fill_checkpoint_sizes(d)
     for key, value in list(d.items()):
         if (isinstance(value, dict) and all(isinstance(k, str) for k in value)  # a sub-config, not a table
                 and key not in ("id2label", "label2id", "rope_parameters", "rope_scaling")):
             d[key] = shrink_config_dict(value, level)
+    level = "small" if level == "filled" else level
     staged = any(isinstance(d.get(k), list) for k in ("depths", "hidden_sizes", "embed_dims"))
     layer_keys = [k for k, v in d.items() if _LAYER_KEYS.match(k) and _is_int(v) and v > LAYERS and not staged]
     base_depths = [d[k] for k in layer_keys]
@@ -216,6 +221,27 @@ def shrink_config_dict(d: dict[str, Any], level: str = "small") -> dict[str, Any
 
 
 _HEAD_DIM_KEY = re.compile(r"^(.*_)?head_?dim$")
+
+
+def _fill_checkpoint_sizes(d: dict[str, Any]) -> None:
+    """Give test values to sizes a library's defaults leave ``None`` for the checkpoint to give (the level
+    "filled", tried only where no other level builds): vocabulary, expert counts, top-k, expert groups, head
+    width, MoE FFN width."""
+    for key, value in list(d.items()):
+        if value is not None:
+            continue
+        if key == "vocab_size":
+            d[key] = 1024
+        elif _EXPERT_KEYS.match(key):
+            d[key] = 4
+        elif _TOPK_KEYS.match(key):
+            d[key] = 2
+        elif key in ("n_group", "topk_group", "num_expert_group", "n_shared_experts"):
+            d[key] = 1
+        elif _HEAD_DIM_KEY.match(key) or key == "head_dim":
+            d[key] = _SMALL_DIMS["head_dim"]
+        elif _FFN_KEYS.match(key):
+            d[key] = FFN
 
 
 def _shrink_widths(d: dict[str, Any], hidden: int = HIDDEN, ffn: int = FFN, factor: float = 1) -> None:

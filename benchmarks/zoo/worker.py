@@ -80,7 +80,8 @@ def hf_config(model_type: str):
     wins: a shrink whose sizes no longer fit each other (rotary sections written for 128-wide heads, expert
     groups that no longer divide the experts) would otherwise be measured as a capture failure. When no
     level's forward runs (inputs the sweep cannot build), the first level that builds, with its forward's
-    error as ground truth. The full-size "default" level is only a build fallback and never run for real.
+    error as ground truth. The full-size "default" level is only a build fallback and never run for real;
+    "filled" is tried only when no other level builds.
     ``level errors`` maps each level tried before the one chosen to why it was not chosen.
     """
     import transformers
@@ -90,6 +91,8 @@ def hf_config(model_type: str):
     errors: dict[str, str] = {}
     first_built = None
     for level in targets.SHRINK_LEVELS:
+        if level == "filled" and first_built is not None:
+            break  # the library's own defaults build: nothing left to the checkpoint is filled in
         try:
             config = cls.from_dict(targets.shrink_config_dict(base, level))
             if level == "default":
