@@ -154,11 +154,13 @@ def test_vision_tower_alone_gets_patches_and_grid():
 
 def test_vision_tower_alone_is_captured_with_every_norm(rules):
     # export fails on the data-dependent split of the attention by cu_seqlens (lengths.tolist(), computed from
-    # grid_thw, also with grid_thw a constant); every norm still comes from a graph, by parts
+    # grid_thw); with grid_thw a constant, lifted and propagated, the sizes specialise and the whole tower
+    # is captured (capture._constant_propagation)
     model = _auto_meta("Qwen3VLVisionConfig", **QWEN3_VL_VISION).eval()
     report = audit_model(model, rules=rules, on_meta=True)
-    assert report.capture.method == "parts", report.capture.attempts
-    assert [a.method for a in report.capture.attempts] == ["export", "export (integer inputs as constants)"]
+    assert report.capture.method == "export" and report.capture.complete, report.capture.attempts
+    assert [(a.method, a.ok) for a in report.capture.attempts] == [
+        ("export", False), ("export (integer inputs as constants)", True)]
     norms = _norm_modules(model)
     assert len(norms) == 2 * 2 + 1  # norm1/norm2 per block, the merger's norm
     assert sorted({s.module for s in report.sites if s.detected_by == "module"}) == sorted(norms)
@@ -278,3 +280,59 @@ def test_inputs_of_the_forward_are_built_and_captured(mechanism, rules):
     graphed = [s.module for s in report.sites if s.detected_by != "module_walk"]  # from the graph
     assert len(graphed) == sites and sorted(set(graphed)) == sorted(norms)  # every norm module, each call
     assert report.capture.unaudited == []
+
+
+def test_grounded_image_positions_are_marked_in_the_text():
+    # Kosmos-2 writes its latent_query_num image features into the positions image_embeds_position_mask marks
+    # (the forward raises without it): 4 positions after the first token, the text's 16 tokens around them
+    model = _auto_meta("Kosmos2Config", latent_query_num=4,
+                       text_config=dict(embed_dim=32, layers=1, attention_heads=4, ffn_dim=64, vocab_size=99),
+                       vision_config=dict(TEXT, image_size=32, patch_size=8))
+    kwargs, said = infer_hf_inputs(model)
+    assert said == "pixel_values float (2, 3, 32, 32), input_ids int64 (2, 20), image_embeds_position_mask bool (2, 20)"
+    assert kwargs["image_embeds_position_mask"].nonzero()[:, 1].tolist() == [1, 2, 3, 4] * 2
+
+
+class _WrappedBackbone(nn.Module):
+    """A Hugging Face-style model (config without image sizes) around a timm-style backbone that declares
+    and asserts its input size (transformers' TimmWrapper: Perception Encoder towers)."""
+
+    main_input_name = "pixel_values"
+
+    def __init__(self):
+        super().__init__()
+        self.config = transformers.PretrainedConfig(num_channels=3)
+        self.backbone = _FixedSizeViT()
+
+    def forward(self, pixel_values):
+        return self.backbone(pixel_values)
+
+
+def test_image_size_declared_by_a_wrapped_backbone(rules):
+    model = _WrappedBackbone()
+    assert infer_hf_inputs(model)[1] == "pixel_values float (2, 3, 48, 48)"
+    report = audit_model(model, rules=rules)
+    assert report.capture.complete and [s.module for s in report.sites] == ["backbone.norm"]
+
+
+SPEECH_TEXT = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, head_dim=8)
+
+
+def test_text_as_long_as_the_audio_for_additive_fusion():
+    # Voxtral-Realtime adds its audio embeddings to the text embeddings position by position (no audio token):
+    # 256 frames of (B, mel 16, T) features, the layout a meta forward accepts, give 32 audio positions
+    model = _auto_meta("VoxtralRealtimeConfig", hidden_size=32,
+                       audio_config=dict(SPEECH_TEXT, num_mel_bins=16, vocab_size=99),
+                       text_config=dict(SPEECH_TEXT, vocab_size=99, num_key_value_heads=2))
+    assert infer_hf_inputs(model)[1] == "input_ids int64 (2, 32), input_features float (2, 16, 256)"
+
+
+def test_token_ids_over_several_codebooks():
+    # Kyutai STT embeds a text stream and num_codebooks audio streams per position: ids (B, S, K + 1)
+    codec = dict(hidden_size=32, num_filters=8, num_hidden_layers=1, intermediate_size=32, num_attention_heads=4,
+                 num_key_value_heads=4, head_dim=8, codebook_size=16, codebook_dim=16, num_quantizers=4,
+                 num_semantic_quantizers=1, vector_quantization_hidden_dimension=16, upsample_groups=8)
+    model = _auto_meta("KyutaiSpeechToTextConfig", **SPEECH_TEXT, num_key_value_heads=4, ffn_dim=64, vocab_size=99,
+                       codebook_vocab_size=17, num_codebooks=4, pad_token_id=3, audio_pad_token_id=98,
+                       audio_bos_token_id=16, bos_token_id=1, codec_config=codec)
+    assert infer_hf_inputs(model)[1] == "input_ids int64 (2, 16, 5)"

@@ -34,7 +34,7 @@ FRAMES = 64
 
 _TEXT = ("text_config",)
 _VISION = ("vision_config", "image_config", "video_config")
-_AUDIO = ("audio_config", "speech_config", "encoder_config", "asr_config")
+_AUDIO = ("audio_config", "speech_config", "encoder_config", "asr_config", "semantic_model_config")
 #: sub-configs whose presence says the model has an audio tower (``encoder_config`` alone does not)
 _AUDIO_TOWERS = ("audio_config", "speech_config")
 #: log-mel widths of the feature extractors of transformers' speech models (Whisper-v3, Parakeet, Gemma
@@ -630,7 +630,23 @@ def _with_image_tokens(model: nn.Module, config: Any, kwargs: dict[str, Any], pa
 def _with_placeholders(model: nn.Module, config: Any, kwargs: dict[str, Any], params: dict) -> dict[str, Any]:
     """``kwargs`` with the placeholder tokens the model's fusion of towers needs in ``input_ids``: image
     tokens (:func:`_with_image_tokens`), then audio tokens (:func:`_with_audio_tokens`)."""
+    kwargs = _with_image_positions(config, kwargs, params)
     return _with_audio_tokens(model, config, _with_image_tokens(model, config, kwargs, params))
+
+
+def _with_image_positions(config: Any, kwargs: dict[str, Any], params: dict) -> dict[str, Any]:
+    """Kosmos-2 style grounding (``forward`` takes ``image_embeds_position_mask``): ``input_ids`` with
+    ``latent_query_num`` image positions after the first token and the mask marking them (1 there, 0
+    elsewhere), as Kosmos-2's model test builds them; the image features are written into those positions."""
+    ids, latent = kwargs.get("input_ids"), getattr(config, "latent_query_num", None)
+    if ("image_embeds_position_mask" not in params or "pixel_values" not in kwargs or not _is_int(latent)
+            or not isinstance(ids, torch.Tensor) or ids.dim() != 2):
+        return kwargs
+    ids = torch.cat([ids[:, :1], _ids(min(int(cfg_value(config, ("vocab_size",), _TEXT, 100)), 100),
+                                      (BATCH, int(latent))), ids[:, 1:]], dim=1)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    mask[:, 1:1 + int(latent)] = True
+    return {**kwargs, "input_ids": ids, "image_embeds_position_mask": mask}
 
 
 def _audio_token(config: Any) -> Optional[int]:
