@@ -223,8 +223,9 @@ def test_multimodal_forward_that_fails_is_captured_by_its_main_tower_and_parts(r
     attempts = [(a.method, a.ok) for a in report.capture.attempts]
     assert attempts[0] == ("export", False) and attempts[-1] == ("export (main tower's inputs only)", True)
     assert report.capture.complete and report.capture.method == "export"
-    parts = sorted(p.module for p in report.capture.parts)
-    assert all(p.startswith("visual.") for p in parts) and "visual.merger" in parts
+    # the tower, never called by the text-only graph, is captured whole on its own inputs (its cu_seqlens
+    # split sizes specialise with grid_thw a constant: capture._constant_propagation)
+    assert [(p.module, p.method) for p in report.capture.parts] == [("visual", "export")]
     vision = [n for n in _norm_modules(model) if n.startswith("visual.")]
     graphed = {s.module for s in report.sites if s.detected_by != "module_walk"}
     assert set(vision) <= graphed and len(vision) == 3  # norm1, norm2 of one block, the merger's norm
