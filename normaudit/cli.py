@@ -748,11 +748,13 @@ def _finish_run(args: argparse.Namespace, plan: RunPlan, results: list[TargetRes
     options = [render_options(args, spec) for spec in plan.outputs]  # before stdout is redirected: colour on a tty
     charts = _numerics_charts(plan.outputs, options, results)
     with contextlib.redirect_stdout(sys.stderr):
-        rendered = [(render_results(spec.fmt, results, plan.rules, multi, opts, args.statistics), spec.path)
-                    for spec, opts in zip(plan.outputs, options)]
+        rendered = [(render_results(spec.fmt, results, plan.rules, multi, opts, args.statistics), spec.path,
+                     spec.fmt) for spec, opts in zip(plan.outputs, options)]
     failure = next((r.exception for r in results if r.exception is not None), None)
-    for text, path in rendered:
-        if failure is None or path is not None:  # a failed lone target: stdout stays empty, files are written
+    for text, path, fmt in rendered:
+        # a failed lone target: stdout stays empty (the error goes to stderr), files are written; GitHub's
+        # workflow commands are read from stdout, so its ``::error`` line is printed there too
+        if failure is None or path is not None or fmt == "github":
             _write(text, path)
     for path, report in charts:
         from normaudit.render.numerics_chart import write_chart
