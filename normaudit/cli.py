@@ -114,7 +114,8 @@ def audit_parser() -> argparse.ArgumentParser:
                         "checkpoint alone (.safetensors, .pt, .pth, .bin, a sharded index or a directory of them) "
                         "(default: 'targets' from the settings file)")
     p.add_argument("--config", help="the configuration the model is meant to follow (JSON or YAML)")
-    p.add_argument("--checkpoint", help="weights to audit together with the model")
+    p.add_argument("--checkpoint", help="weights to audit together with the model (one target only; several "
+                   "targets each take theirs from 'checkpoint' in the settings' targets)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"],
                    help="the precision the model will train or run in (default float32)")
     p.add_argument("--batch-size", type=_positive_int, help="the per-device training micro-batch")
@@ -673,7 +674,8 @@ def _cmd_audit(argv: Sequence[str]) -> int:
 
 def _run_targets_of(args: argparse.Namespace, settings: Any) -> list[Any]:
     """The targets of the run: those named on the command line (each with its own table from the settings
-    file, when it has one), else the settings' ``targets``. Raises UsageError when there are none."""
+    file, when it has one), else the settings' ``targets``. Raises UsageError when there are none, or when
+    ``--checkpoint`` (one file's weights) is given for several targets."""
     targets: list[Any] = list(args.targets) or list(settings.targets)
     if not targets:
         raise UsageError("no TARGET given, and no 'targets' in a settings file ([tool.normaudit] in pyproject.toml "
@@ -683,6 +685,10 @@ def _run_targets_of(args: argparse.Namespace, settings: Any) -> list[Any]:
 
         tables = {os.path.normpath(t.path): t for t in settings.targets if isinstance(t, TargetSettings)}
         targets = [tables.get(os.path.normpath(t), t) for t in targets]
+    if args.checkpoint and len(targets) > 1:  # one file's weights would be read as every target's
+        raise UsageError(f"--checkpoint applies to one target, and this run has {len(targets)}; give each target "
+                         "its own with 'checkpoint' in its table of the settings' targets "
+                         "(targets = [{path = \"model.py\", checkpoint = \"model.safetensors\"}])")
     return targets
 
 

@@ -124,6 +124,21 @@ def test_several_targets_make_one_json_document(capsys, tmp_path, tiny):
     assert "[1/2]" not in err  # stderr is not a terminal: no progress lines
 
 
+def test_one_checkpoint_for_several_targets_is_refused(capsys, tmp_path, tiny):
+    """One --checkpoint read as every target's weights gave false checkpoint errors (NC106, NC109) on the
+    targets it does not belong to: with several targets it is bad input, before anything runs."""
+    other = tmp_path / "other.py"
+    other.write_text(tiny.read_text())
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"")
+    rc, out, err = run(capsys, tiny, other, "--checkpoint", weights, *TEST_RULES)
+    assert rc == 2 and out == ""
+    assert one_line_error(err) == (
+        "normaudit: error: --checkpoint applies to one target, and this run has 2; give each target its own "
+        "with 'checkpoint' in its table of the settings' targets "
+        '(targets = [{path = "model.py", checkpoint = "model.safetensors"}])')
+
+
 def test_exit_status_is_the_worst_over_targets_and_failures_do_not_hide_reports(capsys, tmp_path, tiny, monkeypatch):
     monkeypatch.setattr(cli, "_stderr_is_tty", lambda: True)
     missing = tmp_path / "missing.py"
