@@ -49,14 +49,17 @@ def _ground_truth(model, config) -> dict[str, Any]:
             "fwd_inputs": label, "params": sum(p.numel() for p in model.parameters())}
 
 
-def _level_runs(config) -> tuple[bool, dict[str, Any]]:
+def _level_runs(config, precheck: bool = False) -> tuple[bool, dict[str, Any]]:
     """Whether the model of a shrunk ``config`` runs a forward, and its ground truth.
 
     The model is first built on the meta device (no memory) to count its parameters. Up to
     :data:`MAX_FORWARD_PARAMS` it is then built for real on CPU and one forward decides (that forward is also
     the ground truth: no second build later). Above, only a forward on meta tensors is tried
     (:func:`forward.runs_on_meta`, weaker: a stop on ``.item()`` counts as running, and some meta kernels
-    refuse what CPU runs, ``grouped_mm`` in float32), and the ground truth reads "skipped"."""
+    refuse what CPU runs, ``grouped_mm`` in float32), and the ground truth reads "skipped". With ``precheck``
+    (the levels after the first), a meta forward that fails on shapes rules the level out before any real
+    build: a conv net whose last BatchNorm mismatches (EfficientNet's ``hidden_dim``) is not run for real
+    once per level."""
     import transformers
 
     with torch.device("meta"):
@@ -66,6 +69,11 @@ def _level_runs(config) -> tuple[bool, dict[str, Any]]:
         ok, label = forward.runs_on_meta(model, config)
         return ok, {"norm_modules": forward.norm_modules(model), "fwd_norms": None, "params": n_params,
                     "fwd_inputs": f"skipped: {n_params / 1e6:.0f}M params (meta forward: {label[:200]})"}
+    if precheck:
+        ok, label = forward.runs_on_meta(model, config)
+        if not ok:
+            return False, {"norm_modules": forward.norm_modules(model), "fwd_norms": None, "params": n_params,
+                           "fwd_inputs": f"meta forward: {label[:300]}"}
     del model
     torch.manual_seed(0)
     truth = _ground_truth(transformers.AutoModel.from_config(config), config)
@@ -100,7 +108,7 @@ def hf_config(model_type: str):
                     transformers.AutoModel.from_config(config)
                 truth = {"fwd_norms": None, "fwd_inputs": "full-size config: no forward"}
             else:
-                ok, truth = _level_runs(config)
+                ok, truth = _level_runs(config, precheck=level != targets.SHRINK_LEVELS[0])
                 if ok:
                     return config, level, truth, errors
                 errors[level] = f"forward: {truth['fwd_inputs'][:200]}"
