@@ -320,3 +320,36 @@ def test_summary_says_what_the_baseline_took_out(report, tmp_path):
     two_in = apply_baseline(report, Baseline(findings=entries[:2]), tmp_path)
     assert concise.render(two_in).splitlines()[-1] == "Found 1 new finding (2 in the baseline): 1 warning."
     assert concise.render(report).splitlines()[-1] == "Found 3 findings: 1 error, 1 warning, 1 info."
+
+
+# ------------------------------------------------- size probe clause: one fault, one line (F2, wrongaxis)
+def _wrong_axis_findings(tmp_path):
+    """NL101 as the rule writes it for two blocks' LayerNorm over the sequence: the size probe ran the model
+    once and it raised at blocks.0.n2, so blocks.1.n2 (never reached) has no probe clause."""
+    src = SourceLocation(file=str(tmp_path / "models" / "gpt.py"), line=11)
+    base = ("nn.LayerNorm(normalized_shape=[16], eps=1e-05) takes its statistics over (sequence) of an input laid "
+            "out as (batch, feature, sequence)")
+    clause = ("; size probe: at sequence 16->24 it raises: RuntimeError: Given normalized_shape=[16], expected "
+              "input with shape [16], but got input of size torch.Size([2, 32, 24])")
+    return [Finding(rule_id="NL101", rule_name="stats-over-batch-or-sequence", category="layout", severity="error",
+                    module=f"blocks.{i}.n2", message=base + (clause if i == 0 else ""), source=src)
+            for i in range(2)]
+
+
+def test_size_probe_clause_on_one_block_does_not_split_the_group(report, tmp_path):
+    report.findings = _wrong_axis_findings(tmp_path)
+    assert concise.render(report).splitlines() == [
+        "models/gpt.py:11:1: NL101 [error] blocks.0-1.n2 (2 modules): nn.LayerNorm(normalized_shape=[16], "
+        "eps=1e-05) takes its statistics over (sequence) of an input laid out as (batch, feature, sequence); "
+        "size probe (blocks.0.n2): at sequence 16->24 it raises: RuntimeError: Given normalized_shape=[16], "
+        "expected input with shape [16], but got input of size torch.Size([2, 32, 24])",
+        "Found 2 findings (1 line, grouped by layer): 2 errors.",
+    ]
+
+
+def test_size_probe_clause_shared_by_every_block_stays_unlabelled(tmp_path):
+    first, second = _wrong_axis_findings(tmp_path)
+    second = second.model_copy(update={"message": first.message})
+    (group,) = text.group_findings([first, second])
+    assert group.label == "blocks.0-1.n2" and group.message == first.message
+    assert [f.module for f in group.findings] == ["blocks.0.n2", "blocks.1.n2"]

@@ -183,15 +183,50 @@ def merge_numbers(texts: list[str]) -> str:
     return "".join(out)
 
 
+#: Where the size probe's clause starts in a layout finding's message (rules/layout, rules/batchnorm: the
+#: ``probe`` variable). The probe runs the model once: a site it did not reach (the model failed earlier)
+#: has no clause, so the clause is not part of the grouping key (:func:`group_findings`).
+PROBE_CLAUSE = "; size probe: "
+
+
+def _split_probe(text: Optional[str]) -> tuple[Optional[str], str]:
+    """``(text before the size probe's clause, the clause or "")``."""
+    if text is None or PROBE_CLAUSE not in text:
+        return text, ""
+    i = text.index(PROBE_CLAUSE)
+    return text[:i], text[i:]
+
+
+def _merged_probe(members: list[Finding], label: str) -> str:
+    """The size-probe clauses of a group's findings as one text: unchanged when every member has the same
+    one (numbers aside), else each distinct clause once, naming the modules it was measured at
+    (``; size probe (blocks.0.n2): at sequence 16->24 it raises: ...``); members without one are left out."""
+    clauses = [(f, _generic(_split_probe(f.message)[1], f.module) or "") for f in members]
+    shapes = list(dict.fromkeys(_shape(c) for _, c in clauses))
+    if len(shapes) == 1:
+        return merge_numbers([c for _, c in clauses]).replace("\0", label)
+    out = []
+    for sh in shapes:
+        if not sh:
+            continue
+        same = [(f, c) for f, c in clauses if _shape(c) == sh]
+        where = module_span([f.module for f, _ in same])
+        text = merge_numbers([c for _, c in same]).replace("\0", where)
+        out.append(f"; size probe ({where}): " + text[len(PROBE_CLAUSE):])
+    return "".join(out)
+
+
 def group_findings(findings: list[Finding]) -> list[FindingGroup]:
     """Group findings (in order of first appearance) by rule, severity, source line, and message and fix
-    with the module path and the numbers taken out (one fault over many layers, measured values differing
-    per layer); each group keeps every finding (JSON keeps one entry per module). A group's message names
-    the span of modules and the range of each number that differs (:func:`merge_numbers`)."""
+    with the module path, the numbers and the size probe's clause (:data:`PROBE_CLAUSE`) taken out (one
+    fault over many layers, measured values differing per layer, layers the probe did not reach); each
+    group keeps every finding (JSON keeps one entry per module). A group's message names the span of
+    modules and the range of each number that differs (:func:`merge_numbers`), and each distinct probe
+    clause once (:func:`_merged_probe`)."""
     groups: dict[tuple, list[Finding]] = {}
     for f in findings:
         src = (f.source.file, f.source.line) if f.source is not None else None
-        key = (f.rule_id, f.severity, f.category, src, _shape(_generic(f.message, f.module)),
+        key = (f.rule_id, f.severity, f.category, src, _shape(_generic(_split_probe(f.message)[0], f.module)),
                _shape(_generic(f.fix, f.module)))
         groups.setdefault(key, []).append(f)
     out = []
@@ -202,7 +237,8 @@ def group_findings(findings: list[Finding]) -> list[FindingGroup]:
                                     fix=first.fix))
             continue
         label = module_span([f.module for f in members])
-        message = merge_numbers([_generic(f.message, f.module) for f in members]).replace("\0", label)
+        main = merge_numbers([_generic(_split_probe(f.message)[0], f.module) for f in members]).replace("\0", label)
+        message = main + _merged_probe(members, label)
         fix = merge_numbers([_generic(f.fix, f.module) for f in members]).replace("\0", label) if first.fix else first.fix
         out.append(FindingGroup(findings=members, label=label, message=message, fix=fix))
     return out
