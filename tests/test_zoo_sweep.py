@@ -118,3 +118,50 @@ def test_tsv_row_names_missing_and_extra(tmp_path: Path):
     assert by_model["qwen2_vl"]["recall"] == "0.500"
     assert by_model["resnet18"]["extra"] == "stem.norm"
     assert by_model["convnext_atto"]["findings"] == "NP102@stages.1.downsample.0"
+
+
+def test_ground_truth_counts_norms_of_every_input_set_and_no_pseudo_norms():
+    """The sweep's ground truth (forward.forward_norms): the union over the input sets that run (a text set and
+    an image set call different towers), GRN counted, NoNorm (affine only) and _WeightNorm (a weight
+    reparametrisation) not."""
+    forward = pytest.importorskip("forward")
+    import torch
+    from torch import nn
+
+    class NoNorm(nn.Module):  # mobilebert's: x * weight + bias, no statistic
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(8))
+
+        def forward(self, x):
+            return x * self.weight
+
+    class ConvNextV2GRN(nn.Module):
+        def forward(self, x):
+            return x
+
+    class TwoTowers(nn.Module):
+        main_input_name = "input_ids"
+
+        def __init__(self):
+            super().__init__()
+            self.text_norm, self.image_norm = nn.LayerNorm(8), nn.LayerNorm(8)
+            self.affine, self.grn = NoNorm(), ConvNextV2GRN()
+            self.embed = nn.Embedding(16, 8)
+
+        def forward(self, input_ids=None, pixel_values=None):
+            if pixel_values is not None:
+                return self.grn(self.image_norm(pixel_values.flatten(1)[:, :8]))
+            return self.affine(self.text_norm(self.embed(input_ids)))
+
+    class Config:
+        vocab_size, image_size, num_channels, patch_size = 16, 4, 3, 2
+
+        def to_dict(self):
+            return {"vocab_size": 16}
+
+    model = TwoTowers()
+    assert set(forward.norm_modules(model)) == {"text_norm", "image_norm", "grn"}
+    called, label = forward.forward_norms(model, Config())
+    assert called == {"text_norm", "image_norm", "grn"}
+    assert "input_ids" in label and "pixel_values" in label

@@ -26,10 +26,13 @@ SEQ = 16
 _TORCH_NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm,
                 nn.modules.instancenorm._InstanceNorm, nn.LocalResponseNorm, nn.CrossMapLRN2d)
 _NORM_NAME = re.compile(r"Norm")
+_GRN_NAME = re.compile(r"GRN$")  # transformers' ConvNextV2GRN: global response normalisation (Woo et al. 2023)
 
 
 def _is_norm_class(module: nn.Module) -> bool:
     name = type(module).__name__
+    if _GRN_NAME.search(name):
+        return True
     return isinstance(module, _TORCH_NORMS) or bool(_NORM_NAME.search(name) and not NOT_A_NORM.search(name))
 
 
@@ -168,16 +171,20 @@ def _normaudit_inputs(model: nn.Module) -> dict[str, Any]:
 
 
 def forward_norms(model: nn.Module, config) -> tuple[set[str] | None, str]:
-    """Norm modules called by the first input set that runs; ``(None, error)`` when none runs."""
+    """Norm modules called by any input set that runs (the union: a multimodal model's text-only set and
+    its image set call different towers, and normaudit captures both); ``(None, error)`` when none runs."""
     model.eval()
-    errors = []
+    errors, called, ran = [], set(), []
     for label, make in input_variants(model, config):
         try:
             inputs = make()
             with torch.no_grad():
-                return called_norms(model, lambda: model(**inputs)), label
+                called |= called_norms(model, lambda: model(**inputs))
+            ran.append(label)
         except Exception as err:  # noqa: BLE001 - any failure means: try the next input set
             errors.append(f"{label}: {type(err).__name__}: {' '.join(str(err).split())[:160]}")
+    if ran:
+        return called, " | ".join(ran)
     return None, " | ".join(errors)[:400] or "no input set fits the forward signature"
 
 

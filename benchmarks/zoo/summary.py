@@ -22,7 +22,10 @@ from typing import Any, Iterable, Optional
 #: Class names that say "Norm" about something that is not a norm module (timm ``NormFreeBlock``,
 #: ``ConvNormAct`` with ``norm_layer=None``, ``NormMlpClassifierHead``); applied to the ground truth of
 #: results written before this filter existed too.
-NOT_A_NORM = re.compile(r"Block|Conv|Free|Stage|Head|Attention|Attn|Mlp|MLP|Embed|Model|Encoder|Decoder|Layer$")
+#: class names that say Norm of something that normalises no activation: blocks and wrappers, mobilebert's
+#: ``NoNorm`` (``x * weight + bias``, no statistic), ``_WeightNorm`` (a weight reparametrisation),
+#: roberta-prelayernorm's ``...SelfOutput``/``...Output``
+NOT_A_NORM = re.compile(r"Block|Conv|Free|Stage|Head|Attention|Attn|Mlp|MLP|Embed|Model|Encoder|Decoder|Layer$|Output$|^NoNorm$|WeightNorm")
 
 COLUMNS = ("corpus", "type", "model", "shrink", "exit", "capture", "complete", "sites", "fwd_norms",
            "norm_modules", "recall", "missing", "extra", "findings", "audit_s", "total_s", "cpu_s", "fwd_inputs", "error")
