@@ -14,9 +14,16 @@ Per site (``site.channel_axes`` and ``site.extra``):
   BatchNorm inside an unrolled recurrent loop; its statistics then mix time steps, Cooijmans et al. 2016).
 - ``padding_input`` (BatchNorm): the name of a model input that looks like a padding mask (``*mask*``,
   ``*lengths*``), when the norm's statistics cover the sequence axis.
+- ``conv_input`` (BatchNorm, when the statistics cover the sequence axis): the convolution that produces the
+  norm's input (a module path or an op name), looking back through layout and elementwise ops (transpose,
+  activation, dropout, masking); None when the input is not a convolution's output (token features straight
+  from the residual stream).
 
 Model level (``model.extra["groupnorm_config"]``): :func:`groupnorm_config_facts`, the configuration's GroupNorm
-group counts that do not divide its channel counts, for a model that has GroupNorms.
+group counts that do not divide its channel counts, for a model that has GroupNorms. ``model.extra
+["causal_attention"]``: the first graph op that makes attention causal (``scaled_dot_product_attention(...,
+is_causal=True)``, a ``tril``/``triu`` mask), else None; computed only for a model with a BatchNorm over the
+sequence axis.
 """
 from __future__ import annotations
 
@@ -199,7 +206,69 @@ def analyse(ctx: Any, records: list, model: ModelFacts, env: dict[fx.Node, Any])
             if mask is None:
                 mask = _mask_input(ctx) or ""
             s.extra["padding_input"] = mask or None
+            s.extra["conv_input"] = conv_source(rec.input, _modules(ctx))
+            if "causal_attention" not in model.extra:
+                model.extra["causal_attention"] = causal_op(ctx.cap.gm.graph if ctx.cap and ctx.cap.gm else None)
     model.extra["groupnorm_config"] = groupnorm_config_facts(ctx.config or {}, [r.site for r in records])
+
+
+#: ops a convolution's output passes through on its way to the norm without ceasing to be a conv map
+_PASS_THROUGH = re.compile(r"(transpose|permute|view|reshape|contiguous|clone|dropout|relu|gelu|silu|glu|swish|"
+                           r"sigmoid|tanh|hardtanh|elu|mish|masked_fill|squeeze|unsqueeze|flatten|type_as|"
+                           r"^to$|^to\.|float|^mul|_to_copy|alias|detach|expand)")
+
+
+def _modules(ctx: Any) -> dict[str, Any]:
+    """Module path -> module of the captured graph module (empty without one)."""
+    gm = ctx.cap.gm if ctx.cap is not None else None
+    return dict(gm.named_modules()) if gm is not None else {}
+
+
+def _op_name(node: fx.Node, modules: dict[str, Any]) -> str:
+    """A node's op as a lower-case name: the module class for call_module, else the target's name."""
+    if node.op == "call_module":
+        return type(modules.get(str(node.target))).__name__.lower()
+    target = node.target
+    return str(getattr(target, "__name__", target)).lower()
+
+
+def conv_source(node: Optional[fx.Node], modules: dict[str, Any], depth: int = 12) -> Optional[str]:
+    """The convolution whose output reaches ``node`` through pass-through ops only (:data:`_PASS_THROUGH`,
+    following the first tensor argument; parameter-free modules such as activations and dropout count as
+    pass-through), as its module path (call_module) or op name; None when the chain meets any other op
+    (a linear layer, an add, a graph input) within ``depth`` steps. Never raises."""
+    for _ in range(depth):
+        if not isinstance(node, fx.Node) or node.op in ("placeholder", "get_attr", "output"):
+            return None
+        name = _op_name(node, modules)
+        if "conv" in name:
+            return str(node.target) if node.op == "call_module" else name
+        mod = modules.get(str(node.target)) if node.op == "call_module" else None
+        if mod is not None and next(mod.parameters(), None) is not None:
+            return None
+        if mod is None and not _PASS_THROUGH.search(name):
+            return None
+        node = next((a for a in node.args if isinstance(a, fx.Node)), None)
+    return None
+
+
+def causal_op(graph: Optional[fx.Graph]) -> Optional[str]:
+    """The first op of ``graph`` that makes attention causal: ``scaled_dot_product_attention`` called with
+    ``is_causal=True`` (keyword, or the 6th positional argument of PyTorch's (query, key, value, attn_mask,
+    dropout_p, is_causal)), or a ``tril``/``triu`` (the usual causal mask); None when there is none or no graph."""
+    if graph is None:
+        return None
+    for node in graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        name = str(getattr(node.target, "__name__", node.target)).lower()
+        if "scaled_dot_product_attention" in name:
+            causal = node.kwargs.get("is_causal", node.args[5] if len(node.args) > 5 else False)
+            if causal is True:
+                return "scaled_dot_product_attention(is_causal=True)"
+        elif re.search(r"(^|\.)(tril|triu)(_|\.|$)", name):
+            return name.split(".")[0]
+    return None
 
 
 _ONE_VALUE = re.compile(r"Expected more than 1 value per channel when training, got input size "
