@@ -104,6 +104,35 @@ def test_batch_probe_on_a_transformer_layer(my_rules):
         ("norm1", False, 0.0), ("norm2", False, 0.0)]
 
 
+def test_batch_probe_token_ids_couple_a_batchnorm_right_after_the_embedding(my_rules):
+    """Integer ids: the other examples hold other tokens (drawn in row 0's range), so a BatchNorm pooling
+    (batch, sequence) right after the embedding sees other statistics (with rolled ids it saw the same
+    multiset of tokens, and its change stayed at rounding, 2.4e-07)."""
+    r = audit_file(FIXTURES / "batchnorm" / "NB110_1.py", my_rules, probes=["batch"])
+    bn, ln = site(r, "blocks.0.n1").batch_probe, site(r, "blocks.0.n2").batch_probe
+    assert (bn.coupled, ln.coupled, ln.row0_max_change) == (True, False, 0.0)
+    assert bn.row0_max_change > 0.05 and bn.row0_max_change > 1000 * bn.tolerance
+    assert flagged(r, "NB108") == ["blocks.0.n1"] and flagged(r, "NL106") == []
+
+
+def test_other_rows_ids_masks_and_ignore_index():
+    from normaudit.probes.batch import _other_rows
+
+    ids = torch.tensor([[5, 9, 7, 5, 12, 30]])
+    other = _other_rows(ids, 0, 3, 1)
+    assert other.shape == (3, 6) and other.dtype == ids.dtype
+    assert int(other.min()) >= 5 and int(other.max()) <= 30
+    assert any(sorted(row.tolist()) != sorted(ids[0].tolist()) for row in other)   # not a permutation of row 0
+    assert torch.equal(other, _other_rows(ids, 0, 3, 1)) and not torch.equal(other, _other_rows(ids, 0, 3, 2))
+    ones = torch.ones(1, 6, dtype=torch.long)
+    assert torch.equal(_other_rows(ones, 0, 3, 1), torch.ones(3, 6, dtype=torch.long))
+    pad = torch.tensor([[1, 1, 1, 1, 0, 0]])
+    assert _other_rows(pad, 0, 3, 1).sum(dim=1).tolist() == [4, 4, 4]
+    labels = torch.tensor([[-100, 3, 8, -100]])
+    out = _other_rows(labels, 0, 2, 1)
+    assert (out[:, [0, 3]] == -100).all() and ((out[:, 1:3] >= 3) & (out[:, 1:3] <= 8)).all()
+
+
 # ------------------------------------------------------------------------ GroupNorm groups vs the config
 @pytest.mark.parametrize("config,expected", [
     ({"norm_num_groups": 32, "block_out_channels": [16, 64, 96]},

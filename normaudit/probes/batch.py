@@ -38,21 +38,33 @@ def _batch_dims(cap: Capture) -> dict[str, Optional[int]]:
 
 
 def _other_rows(row0: torch.Tensor, dim: int, count: int, variant: int) -> torch.Tensor:
-    """``count`` examples unlike ``row0`` (floats: random with row 0's mean and spread; integers: row 0's
-    values rolled along the last axis, so ids stay in range and all-ones masks stay all ones)."""
+    """``count`` examples unlike ``row0``, seeded by ``variant`` (so the two probe batches differ).
+
+    Floats: random with row 0's mean and spread. Integer ids: drawn uniformly within row 0's range
+    [min, max], so ids stay in the vocabulary and each example holds other tokens (a roll of row 0 would
+    keep the batch's multiset of tokens, and so any statistic pooled over (batch, sequence) right after
+    the embedding, unchanged); negative entries (``-100`` labels) are kept. 0/1 masks: row 0 rolled along the last axis, so an all-ones mask stays all
+    ones and a padding mask keeps its count of real positions. Booleans and scalars: copies of row 0.
+    """
     g = torch.Generator().manual_seed(1000 + variant)
     rows = []
+    is_mask = not row0.is_floating_point() and row0.numel() > 0 and bool(((row0 == 0) | (row0 == 1)).all())
     for j in range(count):
         if row0.is_floating_point():
             std = float(row0.float().std()) if row0.numel() > 1 else 1.0
             std = std if math.isfinite(std) and std > 0 else 1.0
             r = torch.randn(row0.shape, generator=g, dtype=torch.float32) * std + float(row0.float().mean())
             rows.append(r.to(row0.dtype))
-        elif row0.dtype == torch.bool or row0.dim() == 0:
+        elif row0.dtype == torch.bool or row0.dim() == 0 or row0.is_complex():
             rows.append(row0.clone())
-        else:
+        elif is_mask:
             shift = 1 + variant * (count + 1) + j
             rows.append(torch.roll(row0, shifts=shift % max(row0.shape[-1], 1), dims=-1))
+        else:
+            valid = row0 >= 0                  # negative entries (ignore_index -100 labels) stay as they are
+            lo, hi = (int(row0[valid].min()), int(row0[valid].max())) if bool(valid.any()) else (0, 0)
+            r = torch.randint(lo, hi + 1, row0.shape, generator=g, dtype=torch.int64).to(row0.dtype)
+            rows.append(torch.where(valid, r, row0))
     return torch.cat(rows, dim=dim)
 
 
