@@ -18,6 +18,9 @@ Per site (``site.channel_axes`` and ``site.extra``):
   norm's input (a module path or an op name), looking back through layout and elementwise ops (transpose,
   activation, dropout, masking); None when the input is not a convolution's output (token features straight
   from the residual stream).
+- ``conv_sibling`` (same condition): a convolution that reads the same tensor as the norm (the norm's input or
+  a pass-through producer of it): the norm is the skip branch of a reparameterisable conv block (MobileOne,
+  RepMixer: ``bn(x) + bn2(conv(x))``, folded into the conv at inference); None otherwise.
 
 Model level (``model.extra["groupnorm_config"]``): :func:`groupnorm_config_facts`, the configuration's GroupNorm
 group counts that do not divide its channel counts, for a model that has GroupNorms. ``model.extra
@@ -206,7 +209,9 @@ def analyse(ctx: Any, records: list, model: ModelFacts, env: dict[fx.Node, Any])
             if mask is None:
                 mask = _mask_input(ctx) or ""
             s.extra["padding_input"] = mask or None
-            s.extra["conv_input"] = conv_source(rec.input, _modules(ctx))
+            modules = _modules(ctx)
+            s.extra["conv_input"] = conv_source(rec.input, modules)
+            s.extra["conv_sibling"] = conv_sibling(rec.input, modules)
             if "causal_attention" not in model.extra:
                 model.extra["causal_attention"] = causal_op(ctx.cap.gm.graph if ctx.cap and ctx.cap.gm else None)
     model.extra["groupnorm_config"] = groupnorm_config_facts(ctx.config or {}, [r.site for r in records])
@@ -247,6 +252,22 @@ def conv_source(node: Optional[fx.Node], modules: dict[str, Any], depth: int = 1
         if mod is not None and next(mod.parameters(), None) is not None:
             return None
         if mod is None and not _PASS_THROUGH.search(name):
+            return None
+        node = next((a for a in node.args if isinstance(a, fx.Node)), None)
+    return None
+
+
+def conv_sibling(node: Optional[fx.Node], modules: dict[str, Any], depth: int = 4) -> Optional[str]:
+    """A convolution (module path or op name) that reads ``node`` or one of its producers reached through
+    pass-through ops (:data:`_PASS_THROUGH`, first tensor argument, up to ``depth`` steps); None when there is
+    none. Never raises."""
+    for _ in range(depth):
+        if not isinstance(node, fx.Node):
+            return None
+        for user in node.users:
+            if user.op in ("call_module", "call_function", "call_method") and "conv" in _op_name(user, modules):
+                return str(user.target) if user.op == "call_module" else _op_name(user, modules)
+        if node.op in ("placeholder", "get_attr") or not _PASS_THROUGH.search(_op_name(node, modules)):
             return None
         node = next((a for a in node.args if isinstance(a, fx.Node)), None)
     return None
