@@ -222,8 +222,8 @@ def test_markdown_header_summary_and_table(report, rules):
     assert "| Severity | Rule | Module | Message | Location |" in text
     assert ("| \U0001F534 error | `NE101` eps-differs-from-config | `layers.0.ln1` "
             "| eps is 1e-05, the config says 1e-06<br>**Fix:** pass eps=1e-06 | `models/gpt.py:42` |") in text
-    # pipes in messages are escaped, missing locations shown as a dash
-    assert "| \U0001F535 info | `NB201` batchnorm-tiny-batch | `bn` | batch of 2 \\| too small | — |" in text
+    # pipes in messages are escaped; a finding without a source is at the model (not on disk here: line 1)
+    assert "| \U0001F535 info | `NB201` batchnorm-tiny-batch | `bn` | batch of 2 \\| too small | `models/gpt.py:1` |" in text
     # severity order: error, warning, info
     assert text.index("`NE101`") < text.index("`NX999`") < text.index("`NB201` batchnorm")
     # rules that fired, with their first sentence
@@ -360,3 +360,20 @@ def test_github_a_lone_failing_target_prints_its_error_on_stdout(capsys, tmp_pat
     assert rc == 2
     assert out == f"::error title=normaudit crash.py::{cause}\n"
     assert err == f"normaudit: error: {cause}\n"
+
+
+def test_text_and_markdown_place_a_whole_model_finding_at_the_class_line(tmp_path, monkeypatch):
+    """A finding without a source (NB201 here, NP101 in real runs) is shown at the ``class ToyModel`` line by
+    text and markdown, as concise, github and SARIF show it (normaudit.render.locations.finding_anchor)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "gpt.py").write_text("import torch\n\nclass ToyModel:\n    pass\n")
+    report = make_report(tmp_path)
+    from normaudit.render import RenderOptions, text
+
+    options = RenderOptions(project_root=tmp_path)
+    lines = text.render(report, options=options).splitlines()
+    i = lines.index("  NB201 [batchnorm] bn: batch of 2 | too small")
+    assert lines[i + 1] == "      at models/gpt.py:3"
+    row = [ln for ln in markdown.render(report, {}, options=options).splitlines() if "`NB201`" in ln]
+    assert len(row) == 1 and row[0].endswith("| batch of 2 \\| too small | `models/gpt.py:3` |")

@@ -71,10 +71,12 @@ def _location(source: Optional[SourceLocation]) -> str:
 
 
 def _placed(finding: Finding, report: Optional[Report], root: Path) -> str:
-    """The location cell of a finding: its source, moved inside ``root`` as :func:`_findings_table` says."""
+    """The location cell of a finding: its source, moved inside ``root`` as :func:`_findings_table` says; a
+    finding without one (a whole-model finding) at the model's place (:func:`normaudit.render.locations.
+    finding_anchor`: the class line), as concise, github and SARIF show it."""
     from normaudit.render.locations import anchor_in_root, outside_note
 
-    if report is None or finding.source is None or not finding.source.file:
+    if report is None:
         return _location(finding.source)
     shown, outside = anchor_in_root(finding, report, root)
     return _location(shown) + escape_cell(outside_note(outside))

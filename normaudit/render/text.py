@@ -344,10 +344,8 @@ def findings_section(report: Report, color: bool = False, root: Optional[Path] =
         title = f"{sev.upper()}S ({count})" if sev != "info" else f"INFO ({count})"
         lines.append(paint(title, SEVERITY_STYLES[sev], color))
         for g in groups:
-            where = ""
-            if g.first.source is not None:
-                shown, outside = anchor_in_root(g.first, report, root)
-                where = _where(shown) + outside_note(outside)
+            shown, outside = anchor_in_root(g.first, report, root)  # a whole-model finding: the class line
+            where = _where(shown) + outside_note(outside)
             rule = paint(g.first.rule_id, SEVERITY_STYLES[sev], color)
             lines.append(f"  {rule} [{g.first.category}] {paint(g.count_label, 'bold', color)}: {g.message}")
             if where:
