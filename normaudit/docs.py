@@ -204,8 +204,13 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m normaudit.
         for name in stale:
             print(f"{output / name}: stale (run {prog})", file=sys.stderr)
         return 1 if stale else 0
+    new = {name for name in pages if not (output / name).is_file()}
     changed = write_pages(output, pages)
-    print(f"normaudit: {len(pages)} rule doc page(s) in {output}, {len(changed)} changed", file=sys.stderr)
+    counts = [(sum(n in new for n in changed), "written"),
+              (sum(n in pages and n not in new for n in changed), "updated"),
+              (sum(n not in pages for n in changed), "removed")]
+    said = ", ".join(f"{k} {what}" for k, what in counts if k) or "all up to date"
+    print(f"normaudit: {len(pages)} rule doc page(s) in {output}: {said}", file=sys.stderr)
     return 0
 
 

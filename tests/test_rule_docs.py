@@ -66,14 +66,17 @@ def test_docs_command_writes_and_checks(capsys, tmp_path):
     assert f"{out / 'NE101.md'}: stale (run normaudit docs)" in capsys.readouterr().err
     assert main(["docs", "--output", str(out)]) == 0
     n = len(shipped_rules()) + 1
-    assert f"normaudit: {n} rule doc page(s) in {out}, {n} changed" in capsys.readouterr().err
+    assert f"normaudit: {n} rule doc page(s) in {out}: {n} written\n" in capsys.readouterr().err  # fresh: written
     assert main(["docs", "--check", "--output", str(out)]) == 0
     (out / "NE101.md").write_text("edited\n")
     (out / "NX999.md").write_text("a removed rule\n")
     assert stale_pages(out, generate()) == ["NE101.md", "NX999.md"]
     assert main(["docs", "--output", str(out)]) == 0
-    assert "2 changed" in capsys.readouterr().err and not (out / "NX999.md").exists()
+    assert f"normaudit: {n} rule doc page(s) in {out}: 1 updated, 1 removed\n" in capsys.readouterr().err
+    assert not (out / "NX999.md").exists()
     assert (out / "NE101.md").read_text() == generate()["NE101.md"]
+    assert main(["docs", "--output", str(out)]) == 0
+    assert f"normaudit: {n} rule doc page(s) in {out}: all up to date\n" in capsys.readouterr().err
 
 
 def test_rules_format_json(capsys, tmp_path, rules):
