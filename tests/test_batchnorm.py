@@ -133,6 +133,34 @@ def test_other_rows_ids_masks_and_ignore_index():
     assert (out[:, [0, 3]] == -100).all() and ((out[:, 1:3] >= 3) & (out[:, 1:3] <= 8)).all()
 
 
+def test_causal_op_and_conv_source_on_traced_graphs():
+    from torch import fx
+    from normaudit.facts.batchnorm import causal_op, conv_source
+
+    class TrilMask(nn.Module):
+        def forward(self, s):                      # (batch, t, t) scores
+            return s.masked_fill(torch.triu(torch.ones_like(s, dtype=torch.bool), 1), float("-inf")).softmax(-1)
+
+    class NotCausal(nn.Module):
+        def forward(self, q):
+            return nn.functional.scaled_dot_product_attention(q, q, q, is_causal=False)
+
+    class ConvBN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dw, self.lin, self.bn = nn.Conv1d(4, 4, 3, padding=1), nn.Linear(4, 4), nn.BatchNorm1d(4)
+
+        def forward(self, x):                      # (batch, 4, t)
+            return self.bn(nn.functional.silu(self.dw(x))) + self.bn(self.lin(x.transpose(1, 2)).transpose(1, 2))
+
+    assert causal_op(fx.symbolic_trace(TrilMask()).graph) == "triu"
+    assert causal_op(fx.symbolic_trace(NotCausal()).graph) is None and causal_op(None) is None
+    gm = fx.symbolic_trace(ConvBN())
+    modules = dict(gm.named_modules())
+    bn_inputs = [n.args[0] for n in gm.graph.nodes if n.op == "call_module" and n.target == "bn"]
+    assert [conv_source(n, modules) for n in bn_inputs] == ["dw", None]
+
+
 # ------------------------------------------------------------------------ GroupNorm groups vs the config
 @pytest.mark.parametrize("config,expected", [
     ({"norm_num_groups": 32, "block_out_channels": [16, 64, 96]},
