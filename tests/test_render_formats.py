@@ -377,3 +377,28 @@ def test_text_and_markdown_place_a_whole_model_finding_at_the_class_line(tmp_pat
     assert lines[i + 1] == "      at models/gpt.py:3"
     row = [ln for ln in markdown.render(report, {}, options=options).splitlines() if "`NB201`" in ln]
     assert len(row) == 1 and row[0].endswith("| batch of 2 \\| too small | `models/gpt.py:3` |")
+
+
+def test_capture_header_says_each_distinct_failure_once_cut_to_its_first_line(tmp_path, monkeypatch):
+    """Qwen2-VL's four export attempts fail alike (symbols u8/u2 aside), with long tracebacks: the text and
+    markdown headers name the attempt that captured and say the failure once, its first line cut to 200
+    characters; the JSON report keeps every attempt's full text."""
+    from normaudit.render import RenderOptions, text
+
+    monkeypatch.chdir(tmp_path)
+    report = make_report(tmp_path)
+    guard = "GuardOnDataDependentSymNode: Could not guard on data-dependent expression Eq(u{}, 0)"
+    long = guard + " " + "x" * 300 + "\nCaused by: unbind\n" + "more traceback\n" * 80
+    report.capture = CaptureInfo(method="export", complete=True, attempts=[
+        CaptureAttempt(method="export", ok=False, error=long.format(8)),
+        CaptureAttempt(method="export (eval)", ok=False, error=long.format(2)),
+        CaptureAttempt(method="symbolic_trace", ok=False, error="data-dependent control flow"),
+        CaptureAttempt(method="export (main tower's inputs only)", ok=True)])
+    reason = (guard.format(8) + " " + "x" * 300)[:200] + "…"
+    lines = text.render(report, options=RenderOptions(project_root=tmp_path)).splitlines()
+    assert lines[1] == (f"captured with export (main tower's inputs only) (after export, export (eval) failed: {reason}; "
+                        "symbolic_trace failed: data-dependent control flow)")
+    head = markdown.render(report, {}).splitlines()
+    assert (f"- **Capture:** `export` (complete; after `export`, `export (eval)` failed: {reason}, "
+            "`symbolic_trace` failed: data-dependent control flow)") in head
+    assert json.loads(report.model_dump_json())["capture"]["attempts"][0]["error"] == long.format(8)

@@ -30,7 +30,7 @@ from typing import Optional
 
 from normaudit.engine.schema import Rule
 from normaudit.render.sarif import first_sentence, source_path
-from normaudit.render.text import escaped_report, group_findings, guard_lines
+from normaudit.render.text import capture_failures, escaped_report, group_findings, guard_lines
 from normaudit.report import SEVERITY_RANK, Block, Finding, Report, Site, SourceLocation
 
 MAX_FINDING_ROWS = 200
@@ -117,10 +117,11 @@ def _summary(report: Report) -> list[str]:
 
     capture = report.capture
     text = f"- **Capture:** `{capture.method}` ({'complete' if capture.complete else 'incomplete'}"
-    failed = [a for a in capture.attempts if not a.ok]
+    failed = capture_failures(capture.attempts)  # each distinct failure once, its first line
     if failed:
         text += "; after " + ", ".join(
-            f"`{a.method}` failed" + (f": {escape_cell(a.error)}" if a.error else "") for a in failed)
+            ", ".join(f"`{m}`" for m in methods) + " failed" + (f": {escape_cell(reason)}" if reason else "")
+            for methods, reason in failed)
     text += ")"
     if capture.inputs_assumed:
         text += f"; inputs assumed: {escape_cell(capture.inputs_assumed)}"

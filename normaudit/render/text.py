@@ -318,6 +318,42 @@ def _weights_section(report: Report) -> list[str]:
     return out
 
 
+#: The most characters of a capture failure a header shows (the full text stays in the JSON report).
+MAX_FAILURE_CHARS = 200
+
+
+def capture_failures(attempts: list) -> list[tuple[list[str], str]]:
+    """The failed capture attempts as ``(methods, reason)``, each distinct failure once: the reason is the
+    first line of the error, cut to :data:`MAX_FAILURE_CHARS`; failures differing only in numbers (symbol
+    names ``u8``/``u2``, sizes) are one, naming every method that failed so (``export``, ``export (eval)``)."""
+    out: dict[str, tuple[list[str], str]] = {}
+    for a in attempts:
+        if a.ok:
+            continue
+        lines = (a.error or "").strip().splitlines()
+        reason = lines[0].strip() if lines else ""
+        if len(reason) > MAX_FAILURE_CHARS:
+            reason = reason[:MAX_FAILURE_CHARS].rstrip() + "…"
+        key = re.sub(r"\d+", "#", reason)
+        out.setdefault(key, ([], reason))[0].append(a.method)
+    return list(out.values())
+
+
+def _capture_header(cap: Any) -> list[str]:
+    """The capture lines of the text header: the method that captured (the successful attempt's label),
+    then each distinct failure once (:func:`capture_failures`)."""
+    done = [a.method for a in cap.attempts if a.ok]
+    how = f"captured with {done[-1] if done else cap.method}" if cap.complete else \
+        "capture FAILED: norms found by walking modules"
+    if cap.method == "none":
+        how = "checkpoint inspected without model code: norms found by key name and shape, kinds guessed"
+    failed = [f"{', '.join(methods)} failed" + (f": {reason}" if reason else "")
+              for methods, reason in capture_failures(cap.attempts)]
+    if failed and cap.complete:
+        return [how + " (after " + "; ".join(failed) + ")"]
+    return [how] + ([f"  {f}" for f in failed] if cap.method != "none" else [])
+
+
 def findings_section(report: Report, color: bool = False, root: Optional[Path] = None) -> list[str]:
     """The findings of an (escaped) report by severity, each group of one fault over many modules
     (:func:`group_findings`) as one entry with its place and fix; ``["no findings"]`` when there is none.
@@ -372,15 +408,7 @@ def render(report: Report, rules=None, options=None) -> str:
     t = report.target
     cap = report.capture
     lines.append(f"normaudit {report.version}: {t.path}  ({report.model.class_name}, dtype {t.dtype})")
-    how = f"captured with {cap.method}" if cap.complete else "capture FAILED: norms found by walking modules"
-    if cap.method == "none":
-        how = "checkpoint inspected without model code: norms found by key name and shape, kinds guessed"
-    failed = [a for a in cap.attempts if not a.ok]
-    if failed and cap.complete:
-        how += " (" + "; ".join(f"{a.method} failed: {a.error}" for a in failed) + ")"
-    lines.append(how)
-    if not cap.complete and cap.method != "none":
-        lines += [f"  {a.method} failed: {a.error}" for a in failed]
+    lines += _capture_header(cap)
     if cap.inputs_assumed:
         lines.append(f"inputs assumed: {cap.inputs_assumed}")
     lines.append("")
