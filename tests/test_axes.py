@@ -204,6 +204,63 @@ def test_merged_axes_split_back_exactly():
     assert [axes_pass.dim_label(x) for x in axes_pass._reshape(img, (2, 3, 4, 5))][2:] == [("height",), ("width",)]
 
 
+class PackedMerger(nn.Module):
+    """Packed patches (tokens, d) merged 4 at a time into the features (Qwen3-VL's patch merger), a view back
+    to one patch per row, and 2 halves of the patches folded into rows (a count set by the input)."""
+
+    def __init__(self, d=8, n=16):
+        super().__init__()
+        self.d = d
+        self.ln_merged, self.ln_back, self.ln_halves = nn.LayerNorm(4 * d), nn.LayerNorm(d), nn.LayerNorm(n // 2 * d)
+
+    def forward(self, hidden_states):                       # (tokens, feature), no batch dim
+        merged = self.ln_merged(hidden_states.view(-1, 4 * self.d))
+        return self.ln_back(merged.view(-1, self.d)), self.ln_halves(hidden_states.reshape(2, -1))
+
+
+class FrameStacker(nn.Module):
+    """Speech frames stacked 4 at a time into the features, ``reshape(b, -1, 4 * f)``, and the frames split
+    in 2 halves folded into the features, ``reshape(b, 2, -1)``."""
+
+    def __init__(self, f=6, t=8):
+        super().__init__()
+        self.f = f
+        self.ln_stacked, self.ln_halves = nn.LayerNorm(4 * f), nn.LayerNorm(t // 2 * f)
+
+    def forward(self, inputs_embeds):                       # (batch, sequence, feature)
+        b = inputs_embeds.shape[0]
+        return (self.ln_stacked(inputs_embeds.reshape(b, -1, 4 * self.f)),
+                self.ln_halves(inputs_embeds.reshape(b, 2, -1)))
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_fixed_count_of_tokens_merged_into_features_is_a_feature_axis(method):
+    """A size fixed by the model (``4 * d``) next to an inferred one (``-1``) or one traced from the input
+    merges a fixed number of tokens into the features: feature, not batch*feature; a fixed count of rows
+    (``reshape(2, -1)``) leaves the token axis in the merged dim."""
+    assert _site_axes(PackedMerger(), (torch.randn(16, 8),), method) == [
+        ("ln_merged", ["batch", "feature"], ["feature"]),
+        ("ln_back", ["batch", "feature"], ["feature"]),
+        ("ln_halves", ["batch", "batch*feature"], ["batch", "feature"]),
+    ]
+    assert _site_axes(FrameStacker(), (torch.randn(2, 8, 6),), method) == [
+        ("ln_stacked", ["batch", "sequence", "feature"], ["feature"]),
+        ("ln_halves", ["batch", "sequence", "sequence*feature"], ["sequence", "feature"]),
+    ]
+
+
+def test_fixed_sizes_of_a_view():
+    """Which sizes of a view are fixed by the model: ints beside a ``-1`` or a traced size; none known when
+    every size is a plain int."""
+    gm = torch.fx.symbolic_trace(PackedMerger())
+    views = [n for n in gm.graph.nodes if n.op == "call_method" and n.target in ("view", "reshape")]
+    assert [axes_pass._fixed_sizes(n, 2) for n in views] == [[False, True], [False, True], [True, False]]
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    assert axes_pass._fixed_sizes(g.call_method("view", (x, 4, 32)), 2) is None
+    assert axes_pass._fixed_sizes(g.call_method("flatten", (x, 1)), 2) is None
+
+
 class AudioNet(nn.Module):
     def __init__(self):
         super().__init__()

@@ -50,6 +50,9 @@ LETTERS = {"B": "batch", "N": "batch", "S": "sequence", "T": "sequence", "L": "s
            "W": "width", "D": "depth", "C": "channel", "F": "feature", "E": "feature", "K": "head"}
 BASE = ("batch", "sequence", "height", "width", "depth", "channel", "feature", "head", "unknown")
 SPATIAL = ("height", "width", "depth")
+#: token axes: a reshape that merges a fixed number of neighbouring tokens into the features marks the inner
+#: piece :data:`PATCH` (see :func:`_reshape`)
+TOKEN = ("batch", "sequence")
 #: marks the inner piece of a spatial axis split by a reshape (``H -> (H/2, 2)``): an offset inside a patch or
 #: window of fixed size; never a public label by itself (:func:`dim_label`)
 PATCH = "patch"
@@ -98,18 +101,23 @@ def dim_label(d: Dim) -> Label:
     merged from channel/feature parts and spatial parts that are all offsets inside a fixed patch (the inner
     piece of a split spatial axis, :data:`PATCH`) is the channel/feature dim of a space-to-depth: Swin's
     patch merging ``reshape(B, H/2, 2, W/2, 2, C) -> (B, H/2, W/2, 4C)`` normalises ``4C`` channels whose
-    size does not depend on the resolution (Liu et al. 2021, arXiv 2103.14030, section 3.1).
+    size does not depend on the resolution (Liu et al. 2021, arXiv 2103.14030, section 3.1). Likewise a
+    dim merged from channel/feature parts and batch/sequence parts that are all :data:`PATCH` pieces (a fixed
+    number of neighbouring tokens, :func:`_reshape` with ``fixed``) is a channel/feature dim: Qwen2/3-VL's
+    vision patch merger ``x.view(-1, hidden * merge**2)`` on packed patches ``(tokens, hidden)`` normalises
+    ``4 * hidden`` features, a count set by the model, not by the input.
     """
     names = _names(d)
     if not names:
         return UNK
     if "feature" in names and set(names) <= {"head", "feature"}:
         return ("feature",)
-    spatial = [p for p in d if set(p[0]) & set(SPATIAL)]
-    if spatial and ({"channel", "feature"} & set(names)) and all(PATCH in p[0] for p in spatial):
-        names = [n for n in names if n not in SPATIAL]
-        if "head" in names and "feature" in names:
-            names.remove("head")
+    for axes in (SPATIAL, TOKEN):
+        mixed = [p for p in d if set(p[0]) & set(axes)]
+        if mixed and ({"channel", "feature"} & set(names)) and all(PATCH in p[0] for p in mixed):
+            names = [n for n in names if n not in axes]
+            if "head" in names and "feature" in names:
+                names.remove("head")
     return tuple(names)
 
 
@@ -291,11 +299,14 @@ def _input_dims(node: fx.Node, cap: Capture, declared: Optional[list[Label]]) ->
 
 
 # --------------------------------------------------------------------------------------------- transfer
-def _reshape(x: list[Dim], out_shape: Sequence[int]) -> list[Dim]:
+def _reshape(x: list[Dim], out_shape: Sequence[int], fixed: Optional[Sequence[bool]] = None) -> list[Dim]:
     """Dims after a view/reshape: the input's parts, in memory order, are dealt out to the output dims.
 
     A part larger than what an output dim still needs is split (outer piece first; a split ``feature``
     gives ``head`` then ``feature``); size-1 dims take a size-1 part when one is next, else ``unknown``.
+    The inner piece of a split spatial axis is marked :data:`PATCH` (an offset inside a fixed patch); so is
+    the inner piece of a split batch/sequence axis when the output dim it goes to has a size fixed by the
+    model (``fixed[i]``, :func:`_fixed_sizes`): a fixed number of neighbouring tokens merged into that dim.
     """
     stream: list[Part] = [p for d in x for p in d]
     out: list[Dim] = []
@@ -325,7 +336,10 @@ def _reshape(x: list[Dim], out_shape: Sequence[int]) -> list[Dim]:
             elif n % need == 0:
                 outer = ("head",) if names == ("feature",) else names
                 acc.append((outer, need))
-                inner = names + (PATCH,) if set(names) <= set(SPATIAL) and PATCH not in names else names
+                nxt = len(out) + 1
+                fixed_next = fixed is not None and nxt < len(fixed) and fixed[nxt]
+                patchy = set(names) <= set(SPATIAL) or (fixed_next and set(names) <= set(TOKEN))
+                inner = names + (PATCH,) if patchy and PATCH not in names else names
                 stream[k] = (inner, n // need)
                 prod *= need
             else:
@@ -600,6 +614,27 @@ def _dims_arg(node: fx.Node, index: int, name: str) -> Optional[list[int]]:
     return None
 
 
+def _fixed_sizes(node: fx.Node, rank: int) -> Optional[list[bool]]:
+    """For a ``view``/``reshape`` node, which output dims have a size fixed by the model, not by the input.
+
+    A size given as a plain int is fixed when another size of the same call is inferred (``-1``) or traced
+    from the input (an fx node: ``x.size(0) // 4`` under symbolic tracing): ``x.view(-1, hidden * 4)``
+    fixes the last dim and leaves the token count to the input. Export graphs keep the ``-1`` as written.
+    Returns None when that cannot be told (all sizes plain ints, ``flatten``, ``view_as``).
+    """
+    if _raw_name(node) not in ("view", "reshape", "_unsafe_view", "_reshape_alias"):
+        return None
+    sizes = node.args[1:] if len(node.args) > 1 else [node.kwargs.get("shape", node.kwargs.get("size"))]
+    if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)):
+        sizes = sizes[0]
+    if len(sizes) != rank:
+        return None
+    free = [not isinstance(z, int) or z == -1 for z in sizes]
+    if not any(free):
+        return None
+    return [not f for f in free]
+
+
 def _transfer(node: fx.Node, cap: Capture, env: dict, params: Optional[set] = None) -> Any:
     """Labels of one non-placeholder node from the labels of its inputs (``params``: the nodes holding
     parameters and buffers)."""
@@ -739,7 +774,7 @@ def _transfer(node: fx.Node, cap: Capture, env: dict, params: Optional[set] = No
     if name in ("view", "flatten", "unflatten", "squeeze", "view_as", "reshape_as", "_reshape_alias",
                 "reshape") or raw in ("view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze",
                                       "view_as", "reshape_as", "ravel"):
-        return _reshape(x, out_shape)
+        return _reshape(x, out_shape, _fixed_sizes(node, len(out_shape)))
     if name == "unsqueeze":
         d = int(arg(node, 1, "dim", 0)) % (rank + 1)
         labs = list(x)
