@@ -89,6 +89,7 @@ Example::
 """
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -491,7 +492,7 @@ def _parallel_projections(g: _Graph, branch: fx.Node, src: fx.Node) -> bool:
         if not isinstance(t, fx.Node):
             return False
         sc = _shortcut_source(g, t)
-        if sc is not None and sc[0] is src:
+        if sc is not None and sc[0] is src or _linear_chain(g, t, src):
             continue
         base = t
         while base in g.norm_nodes:  # [norm](src): the identity branch of a RepVGG block
@@ -502,6 +503,26 @@ def _parallel_projections(g: _Graph, branch: fx.Node, src: fx.Node) -> bool:
         if base is not src:
             return False
     return True
+
+
+def _linear_chain(g: _Graph, node: fx.Node, src: fx.Node) -> bool:
+    """``node`` is ``src`` seen through a chain of linear layers (``nn.Linear``/conv modules or ``linear``
+    / ``conv`` ops with one activation input), dropouts and scalings by a constant, with no nonlinearity:
+    the low-rank adapter ``B(A(x))`` of LoRA (Hu et al. 2021, arXiv 2106.09685), which Zamba2 adds to its
+    shared MLP's and attention's projections (``W x + B A x``). Such a sum is one linear map ``(W + BA) x``,
+    not a residual function beside a projection shortcut."""
+    cur, steps = g.strip(node), 0
+    while isinstance(cur, fx.Node) and cur is not src and steps < 8:
+        steps += 1
+        mod = g.modules.get(str(cur.target)) if cur.op == "call_module" else None
+        acts = [a for a in g.inputs[cur] if a not in g.pderived and a not in g.const]
+        name = op_name(cur)
+        linear = g.is_weighted(cur) and (name in ("linear", "conv") or isinstance(mod, (nn.Linear, nn.modules.conv._ConvNd)))
+        passive = name in ("dropout", "mul", "div") or isinstance(mod, (nn.Dropout, nn.Identity))
+        if len(acts) != 1 or not (linear or passive):
+            return False
+        cur = g.strip(acts[0])
+    return cur is src and steps > 0
 
 
 def _long_skip(g: _Graph, src: fx.Node, branch: fx.Node, res_mask: int) -> bool:
@@ -1025,7 +1046,12 @@ def _model_facts(g: _Graph, adds: list[ResidualAdd], residual: dict[fx.Node, Res
         if info.block in blocks:
             blocks[info.block].norms[_key(info)] = info.placement  # type: ignore[assignment]
     model.blocks = list(blocks.values())
-    _mark_mixed(model.blocks, infos)
+    add_sizes: dict[str, set[int]] = defaultdict(set)
+    for a in adds:
+        size = _numel(a.node)
+        if a.block is not None and size is not None:
+            add_sizes[a.block].add(size)
+    _mark_mixed(model.blocks, infos, add_sizes)
 
     roles: set[str] = set()
     for b in model.blocks:
@@ -1127,6 +1153,32 @@ def _stack_size(blocks: list[Block], block: Optional[str]) -> int:
     return sum(1 for b in blocks if b.path.rpartition(".")[0] == parent)
 
 
+def _stack_pattern(path: str) -> str:
+    """The stack a block belongs to: its container path with every layer index replaced by ``*``
+    (``encoder.layers.3`` -> ``encoder.layers``, ``stages.1.blocks.0`` -> ``stages.*.blocks``), so the blocks of
+    every stage of one backbone are peers while two stacks under different parents are not."""
+    return ".".join("*" if p.isdigit() else p for p in path.split(".")[:-1])
+
+
+def _numel(node: Optional[fx.Node]) -> Optional[int]:
+    """How many elements the tensor ``node`` holds, from its shape metadata; None when unknown or symbolic."""
+    dims = shape(node) if isinstance(node, fx.Node) else None
+    if dims is None:
+        return None
+    try:
+        return math.prod(int(d) for d in dims)
+    except (TypeError, ValueError):
+        return None
+
+
+def _off_stream(info: Optional[_SiteInfo], sizes: set[int]) -> bool:
+    """The norm's input holds another number of elements than every residual add of its block: it cannot
+    read that block's residual stream (a width-changing first layer), so its role says nothing about the
+    block's residual-norm scheme. False when either size is unknown."""
+    size = _numel(info.inp) if info is not None else None
+    return bool(sizes) and size is not None and size not in sizes
+
+
 def _normed_later(g: _Graph, node: fx.Node, norm_inputs: set[fx.Node]) -> bool:
     """``node`` reaches a stream norm's input through casts, views, slicing, pooling (functional or a pooling
     / ``nn.Flatten`` module), scalings by a constant (diffusers' ``(x + h) / output_scale_factor``) and at
@@ -1151,18 +1203,22 @@ def _normed_later(g: _Graph, node: fx.Node, norm_inputs: set[fx.Node]) -> bool:
     return False
 
 
-def _mark_mixed(blocks: list[Block], infos: list[_SiteInfo]) -> None:
-    """Flag norms whose role differs from the same norm in most blocks of the same class. A norm feeding a
-    projection shortcut and the branch (``_SiteInfo.feeds_shortcut``) is no evidence either way: the blocks
-    with an identity shortcut decide, and it is never flagged."""
+def _mark_mixed(blocks: list[Block], infos: list[_SiteInfo], add_sizes: dict[str, set[int]]) -> None:
+    """Flag norms whose role differs from the same norm in most blocks of the same class in the same stack
+    (``_stack_pattern``: an audio encoder's layers and a projector's layers of one class are two stacks).
+    A norm feeding a projection shortcut and the branch (``_SiteInfo.feeds_shortcut``) is no evidence
+    either way: the blocks with an identity shortcut decide, and it is never flagged; nor is a norm whose
+    input has another size than every residual add of its block (the first layer of FunASR's SenseVoice
+    encoder normalises 560-wide stacked features and, its width changing, has no residual around it)."""
     by_key = {(_key(i)): i for i in infos}
     groups: dict[tuple, list[Block]] = defaultdict(list)
     for b in blocks:
         rel = tuple(k[len(b.path) + 1:] if k.startswith(b.path + ".") else k for k in b.norms)
-        groups[(b.class_name, rel)].append(b)
-    for (_, rel), all_members in groups.items():
+        groups[(_stack_pattern(b.path), b.class_name, rel)].append(b)
+    for (_, _, rel), all_members in groups.items():
         for pos, name in enumerate(rel):
-            members = [b for b in all_members if not getattr(by_key.get(list(b.norms)[pos]), "feeds_shortcut", False)]
+            members = [b for b in all_members if not getattr(by_key.get(list(b.norms)[pos]), "feeds_shortcut", False)
+                       and not _off_stream(by_key.get(list(b.norms)[pos]), add_sizes.get(b.path, set()))]
             if len(members) < 2:
                 continue
             roles = [list(b.norms.values())[pos] for b in members]
