@@ -143,8 +143,8 @@ def test_unused_and_unknown_suppressions_are_info_findings(capsys, model):
 
 
 def _no_final_norm(model: Path) -> None:
-    """``final`` registered but never applied: NP101 (no final norm) and NP107 (unused norm), both about the
-    model as a whole (no line of their own), shown at ``class Tiny`` (line 19)."""
+    """``final`` registered but never applied: NP101 (no final norm), about the model as a whole (no line of
+    its own), shown at ``class Tiny`` (line 19), and NP107 (unused norm), at ``final``'s constructor (line 24)."""
     edit(model, "        return self.final(h)", "        return h")
 
 
@@ -158,19 +158,25 @@ def test_model_level_findings_are_suppressed_on_the_class_line(capsys, model):
     _no_final_norm(model)
     doc = _model_findings(capsys, model)
     assert found(doc) == [("NP101", "layers.1"), ("NP107", "final")]
-    assert all(f["source"] is None for f in doc["findings"])
+    sources = {f["rule_id"]: f["source"] for f in doc["findings"]}
+    assert sources["NP101"] is None and sources["NP107"]["line"] == 24
     edit(model, "class Tiny(nn.Module):", "class Tiny(nn.Module):  # normaudit: ignore[NP101]")
     doc = _model_findings(capsys, model)
     assert found(doc) == [("NP107", "final")]
     assert "suppressed 1 finding(s): 1 by '# normaudit: ignore' comments" in doc["notes"]
     edit(model, "ignore[NP101]", "ignore[NP101, NE101, NP107]")
     doc = _model_findings(capsys, model)
-    # NE101 is about sites (it has a line of its own): on the class line it matches nothing, NK901 says so
-    assert found(doc) == [("NK901", "")]
-    (unused,) = doc["findings"]
+    # NE101 and NP107 have lines of their own (a site's, the unused norm's constructor): on the class line
+    # they match nothing, NK901 says so, and NP107 stays
+    assert found(doc) == [("NK901", ""), ("NP107", "final")]
+    (unused,) = [f for f in doc["findings"] if f["rule_id"] == "NK901"]
     assert unused["source"]["line"] == 19
     assert unused["message"] == ("unused suppression '# normaudit: ignore[NP101, NE101, NP107]': "
-                                 "NE101 matched no finding")
+                                 "NE101, NP107 matched no finding")
+    edit(model, "ignore[NP101, NE101, NP107]", "ignore[NP101]")
+    edit(model, RMS, RMS + "  # normaudit: ignore[NP107]")
+    doc = _model_findings(capsys, model)
+    assert found(doc) == [] and "suppressed 2 finding(s): 2 by '# normaudit: ignore' comments" in doc["notes"]
 
 
 def test_model_level_suppression_on_the_factory_line(capsys, model):
@@ -180,12 +186,15 @@ def test_model_level_suppression_on_the_factory_line(capsys, model):
     target.write_text("from tiny import Tiny, example_inputs  # noqa: F401\n\n\n"
                       "def build_model():  # normaudit: ignore\n    return Tiny()\n")
     doc = _model_findings(capsys, target)
-    assert found(doc) == [] and "suppressed 2 finding(s): 2 by '# normaudit: ignore' comments" in doc["notes"]
-    edit(target, "# normaudit: ignore", "# normaudit: ignore[NP107]")
+    # NP101 is shown at the factory line and suppressed there; NP107 has its own line, in tiny.py
+    assert found(doc) == [("NP107", "final")]
+    assert "suppressed 1 finding(s): 1 by '# normaudit: ignore' comments" in doc["notes"]
+    edit(target, "  # normaudit: ignore", "")
     doc = _model_findings(capsys, target)
-    assert found(doc) == [("NP101", "layers.1")]
+    assert found(doc) == [("NP101", "layers.1"), ("NP107", "final")]
     rc, out, _ = run(capsys, target, "--format", "concise", "--isolated", "--select", "NP101,NP107,NE,NK")
-    assert out.splitlines()[0].startswith(f"{target}:4:1: NP101 [warning] layers.1: ")  # shown where suppressed
+    assert any(line.startswith(f"{target}:4:1: NP101 [warning] layers.1: ")  # shown where it is suppressed
+               for line in out.splitlines())
 
 
 # -------------------------------------------------------------------------------------------- baselines
