@@ -224,7 +224,8 @@ def input_labels(node: fx.Node, cap: Capture, declared: Optional[list[Label]] = 
 
     - ``declared`` (``--input-axes``) wins when its length equals the input's rank;
     - integer inputs (token ids, masks, positions): ``(batch, sequence)``;
-    - floating rank 4 ``(batch, channel, height, width)``, rank 5 ``(batch, channel, depth, height, width)``
+    - floating rank 4 ``(batch, channel, height, width)`` (``(batch, channel, sequence, feature)`` for inputs
+      named like spectrograms: :func:`_spectrogram_labels`), rank 5 ``(batch, channel, depth, height, width)``
       (``(batch, sequence, channel, height, width)`` for inputs named like videos);
     - floating rank 3: ``(batch, channel, sequence)`` when a 1-D conv or a BatchNorm1d/InstanceNorm1d/
       GroupNorm reads it first; ``(sequence, batch, feature)`` when a torch.nn RNN or MultiheadAttention
@@ -253,6 +254,8 @@ def input_labels(node: fx.Node, cap: Capture, declared: Optional[list[Label]] = 
     if rank == 4:
         if "mask" in name:
             return [("batch",), UNK, ("sequence",), ("sequence",)]
+        if any(k in name for k in _SPECTROGRAM_NAMES):
+            return _spectrogram_labels(shp, cap)
         return [("batch",), ("channel",), ("height",), ("width",)]
     if rank == 3:
         if any(k in name for k in _EMBED_NAMES):
@@ -274,6 +277,25 @@ def input_labels(node: fx.Node, cap: Capture, declared: Optional[list[Label]] = 
     if rank == 1:
         return [("feature",)]
     return [UNK] * rank
+
+
+_SPECTROGRAM_NAMES = ("input_features", "mel", "spectrogram", "fbank")
+_MEL_KEYS = ("num_mel_bins", "n_mels", "mel_bins", "feature_size", "num_mel_filters")
+
+
+def _spectrogram_labels(shp: Any, cap: Capture) -> list[Label]:
+    """Labels of a rank-4 spectrogram input (``input_features`` of CLAP/HTSAT, PANNs-style audio CNNs):
+    ``(batch, channel, sequence, feature)`` (time frames, then mel bins: the feature extractors' layout), or
+    ``(batch, channel, feature, sequence)`` when dim 2, not dim 3, has the config's mel-bin count. The mel
+    axis is a feature axis, not an image width: a BatchNorm2d over it after ``transpose(1, 3)`` (PANNs'
+    and HTSAT's ``bn0``) normalises each mel bin, as designed."""
+    config = getattr(getattr(cap, "root", None), "config", None)
+    configs = [config] + [getattr(config, k, None) for k in ("audio_config", "encoder_config")]
+    mels = {getattr(c, k, None) for c in configs if c is not None for k in _MEL_KEYS}
+    dims = [int(d) if isinstance(d, int) else None for d in shp]
+    if dims[2] is not None and dims[2] in mels and dims[3] not in mels:
+        return [("batch",), ("channel",), ("feature",), ("sequence",)]
+    return [("batch",), ("channel",), ("sequence",), ("feature",)]
 
 
 _TORCH_TRANSFORMERS = (nn.Transformer, nn.TransformerEncoder, nn.TransformerDecoder, nn.TransformerEncoderLayer,

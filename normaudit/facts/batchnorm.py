@@ -21,6 +21,9 @@ Per site (``site.channel_axes`` and ``site.extra``):
 - ``conv_sibling`` (same condition): a convolution that reads the same tensor as the norm (the norm's input or
   a pass-through producer of it): the norm is the skip branch of a reparameterisable conv block (MobileOne,
   RepMixer: ``bn(x) + bn2(conv(x))``, folded into the conv at inference); None otherwise.
+- ``model_input`` (same condition): the model input the norm reads through layout ops only (PANNs' and
+  CLAP/HTSAT's ``bn0``: ``bn0(input_features.transpose(1, 3))``, a per-mel-bin standardisation of the raw
+  features, not token features of the residual stream); None otherwise.
 
 Model level (``model.extra["groupnorm_config"]``): :func:`groupnorm_config_facts`, the configuration's GroupNorm
 group counts that do not divide its channel counts, for a model that has GroupNorms. ``model.extra
@@ -212,6 +215,7 @@ def analyse(ctx: Any, records: list, model: ModelFacts, env: dict[fx.Node, Any])
             modules = _modules(ctx)
             s.extra["conv_input"] = conv_source(rec.input, modules)
             s.extra["conv_sibling"] = conv_sibling(rec.input, modules)
+            s.extra["model_input"] = input_source(rec.input, modules)
             if "causal_attention" not in model.extra:
                 model.extra["causal_attention"] = causal_op(ctx.cap.gm.graph if ctx.cap and ctx.cap.gm else None)
     model.extra["groupnorm_config"] = groupnorm_config_facts(ctx.config or {}, [r.site for r in records])
@@ -248,6 +252,26 @@ def conv_source(node: Optional[fx.Node], modules: dict[str, Any], depth: int = 1
         name = _op_name(node, modules)
         if "conv" in name:
             return str(node.target) if node.op == "call_module" else name
+        mod = modules.get(str(node.target)) if node.op == "call_module" else None
+        if mod is not None and next(mod.parameters(), None) is not None:
+            return None
+        if mod is None and not _PASS_THROUGH.search(name):
+            return None
+        node = next((a for a in node.args if isinstance(a, fx.Node)), None)
+    return None
+
+
+def input_source(node: Optional[fx.Node], modules: dict[str, Any], depth: int = 12) -> Optional[str]:
+    """The name of the graph input (placeholder) that reaches ``node`` through pass-through ops only
+    (:data:`_PASS_THROUGH`, first tensor argument; parameter-free modules count as pass-through); None when
+    the chain meets a module with parameters (an embedding, a linear or conv layer) or any other op within
+    ``depth`` steps. Never raises."""
+    for _ in range(depth):
+        if not isinstance(node, fx.Node) or node.op in ("get_attr", "output"):
+            return None
+        if node.op == "placeholder":
+            return str(node.name)
+        name = _op_name(node, modules)
         mod = modules.get(str(node.target)) if node.op == "call_module" else None
         if mod is not None and next(mod.parameters(), None) is not None:
             return None
