@@ -1175,7 +1175,8 @@ def _off_stream(info: Optional[_SiteInfo], sizes: set[int]) -> bool:
     """The norm's input holds another number of elements than every residual add of its block: it cannot
     read that block's residual stream (a width-changing first layer), so its role says nothing about the
     block's residual-norm scheme. False when either size is unknown."""
-    size = _numel(info.inp) if info is not None else None
+    inp = getattr(info, "inp", None)
+    size = _numel(inp) if inp is not None else None
     return bool(sizes) and size is not None and size not in sizes
 
 
@@ -1203,13 +1204,17 @@ def _normed_later(g: _Graph, node: fx.Node, norm_inputs: set[fx.Node]) -> bool:
     return False
 
 
-def _mark_mixed(blocks: list[Block], infos: list[_SiteInfo], add_sizes: dict[str, set[int]]) -> None:
+def _mark_mixed(blocks: list[Block], infos: list[Any], add_sizes: Optional[dict[str, set[int]]] = None) -> None:
     """Flag norms whose role differs from the same norm in most blocks of the same class in the same stack
     (``_stack_pattern``: an audio encoder's layers and a projector's layers of one class are two stacks).
     A norm feeding a projection shortcut and the branch (``_SiteInfo.feeds_shortcut``) is no evidence
     either way: the blocks with an identity shortcut decide, and it is never flagged; nor is a norm whose
     input has another size than every residual add of its block (the first layer of FunASR's SenseVoice
-    encoder normalises 560-wide stacked features and, its width changing, has no residual around it)."""
+    encoder normalises 560-wide stacked features and, its width changing, has no residual around it).
+    ``add_sizes`` (block path -> element counts of its residual adds) None: sizes unknown, no norm is left out
+    for its size (capture/repeats.py re-marks carried blocks without graph nodes, and falls back to the full
+    capture when the model's mixed flags would change)."""
+    add_sizes = add_sizes or {}
     by_key = {(_key(i)): i for i in infos}
     groups: dict[tuple, list[Block]] = defaultdict(list)
     for b in blocks:
