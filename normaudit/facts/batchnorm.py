@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from torch import fx
 
@@ -241,44 +241,45 @@ def _op_name(node: fx.Node, modules: dict[str, Any]) -> str:
     return str(getattr(target, "__name__", target)).lower()
 
 
-def conv_source(node: Optional[fx.Node], modules: dict[str, Any], depth: int = 12) -> Optional[str]:
-    """The convolution whose output reaches ``node`` through pass-through ops only (:data:`_PASS_THROUGH`,
-    following the first tensor argument; parameter-free modules such as activations and dropout count as
-    pass-through), as its module path (call_module) or op name; None when the chain meets any other op
-    (a linear layer, an add, a graph input) within ``depth`` steps. Never raises."""
+def _origin(node: Optional[fx.Node], modules: dict[str, Any], depth: int = 12,
+            stop: Callable[[str], bool] = lambda name: False) -> Optional[fx.Node]:
+    """The first node at or above ``node`` that is no pass-through op, following the first tensor argument:
+    a graph input, constant or output, a module with parameters, an op :data:`_PASS_THROUGH` does not match
+    (parameter-free modules such as activations and dropout count as pass-through), or an op whose name
+    ``stop`` accepts; None when ``depth`` steps meet none. Never raises."""
     for _ in range(depth):
-        if not isinstance(node, fx.Node) or node.op in ("placeholder", "get_attr", "output"):
+        if not isinstance(node, fx.Node):
             return None
+        if node.op in ("placeholder", "get_attr", "output"):
+            return node
         name = _op_name(node, modules)
-        if "conv" in name:
-            return str(node.target) if node.op == "call_module" else name
         mod = modules.get(str(node.target)) if node.op == "call_module" else None
-        if mod is not None and next(mod.parameters(), None) is not None:
-            return None
-        if mod is None and not _PASS_THROUGH.search(name):
-            return None
+        if stop(name) or (mod is not None and next(mod.parameters(), None) is not None) or (
+                mod is None and not _PASS_THROUGH.search(name)):
+            return node
         node = next((a for a in node.args if isinstance(a, fx.Node)), None)
     return None
+
+
+def conv_source(node: Optional[fx.Node], modules: dict[str, Any], depth: int = 12) -> Optional[str]:
+    """The convolution whose output reaches ``node`` through pass-through ops only (:func:`_origin`), as its
+    module path (call_module) or op name; None when the chain meets any other op (a linear layer, an add, a
+    graph input) within ``depth`` steps. Never raises."""
+    origin = _origin(node, modules, depth, stop=lambda name: "conv" in name)
+    if origin is None or origin.op in ("placeholder", "get_attr", "output"):
+        return None
+    name = _op_name(origin, modules)
+    if "conv" not in name:
+        return None
+    return str(origin.target) if origin.op == "call_module" else name
 
 
 def input_source(node: Optional[fx.Node], modules: dict[str, Any], depth: int = 12) -> Optional[str]:
     """The name of the graph input (placeholder) that reaches ``node`` through pass-through ops only
-    (:data:`_PASS_THROUGH`, first tensor argument; parameter-free modules count as pass-through); None when
-    the chain meets a module with parameters (an embedding, a linear or conv layer) or any other op within
-    ``depth`` steps. Never raises."""
-    for _ in range(depth):
-        if not isinstance(node, fx.Node) or node.op in ("get_attr", "output"):
-            return None
-        if node.op == "placeholder":
-            return str(node.name)
-        name = _op_name(node, modules)
-        mod = modules.get(str(node.target)) if node.op == "call_module" else None
-        if mod is not None and next(mod.parameters(), None) is not None:
-            return None
-        if mod is None and not _PASS_THROUGH.search(name):
-            return None
-        node = next((a for a in node.args if isinstance(a, fx.Node)), None)
-    return None
+    (:func:`_origin`); None when the chain meets a module with parameters (an embedding, a linear or conv
+    layer) or any other op within ``depth`` steps. Never raises."""
+    origin = _origin(node, modules, depth)
+    return str(origin.name) if origin is not None and origin.op == "placeholder" else None
 
 
 def conv_sibling(node: Optional[fx.Node], modules: dict[str, Any], depth: int = 4) -> Optional[str]:
