@@ -161,6 +161,50 @@ def test_causal_op_and_conv_source_on_traced_graphs():
     assert [conv_source(n, modules) for n in bn_inputs] == ["dw", None]
 
 
+class _PositionMask(nn.Module):
+    """Scores (batch, t, t) masked the way transformers' masking_utils does it: a comparison of position
+    indices (``kv_idx <= q_idx`` over ``cache_position``) instead of a ``tril``; ``band``: a bidirectional
+    window ``kv_idx < q_idx + 3`` (not causal)."""
+
+    def __init__(self, band: bool = False):
+        super().__init__()
+        self.band = band
+
+    def forward(self, s):
+        pos = torch.arange(s.shape[-1]) + 0
+        kv, q = pos[None, None, :], pos[None, :, None]
+        allowed = kv < q + 3 if self.band else kv <= q
+        return s.masked_fill(~allowed, float("-inf")).softmax(-1)
+
+
+@pytest.mark.parametrize("band,expected", [
+    (False, "a causal mask: position comparison le (key index <= query index)"),
+    (True, None),
+])
+def test_causal_op_reads_position_comparison_masks(band, expected):
+    from normaudit.facts.batchnorm import causal_op
+
+    graph = torch.export.export(_PositionMask(band), (torch.zeros(2, 8, 8),)).graph
+    assert causal_op(graph) == expected
+
+
+def test_causal_op_on_transformers_masking_utils():
+    transformers = pytest.importorskip("transformers")
+    from normaudit.capture import capture_model
+    from normaudit.facts.batchnorm import causal_op
+
+    def graph(cls, cfg):
+        with torch.device("meta"):
+            model = cls(cfg)
+        return capture_model(model, {"input_ids": torch.zeros(2, 16, dtype=torch.long)}, True, torch.float32).gm.graph
+
+    small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, vocab_size=100)
+    llama = graph(transformers.LlamaModel, transformers.LlamaConfig(num_key_value_heads=4, **small))
+    bert = graph(transformers.BertModel, transformers.BertConfig(**small))
+    assert causal_op(llama) == "a causal mask: position comparison le (key index <= query index)"
+    assert causal_op(bert) is None
+
+
 # ------------------------------------------------------------------------ GroupNorm groups vs the config
 @pytest.mark.parametrize("config,expected", [
     ({"norm_num_groups": 32, "block_out_channels": [16, 64, 96]},

@@ -28,7 +28,8 @@ Per site (``site.channel_axes`` and ``site.extra``):
 Model level (``model.extra["groupnorm_config"]``): :func:`groupnorm_config_facts`, the configuration's GroupNorm
 group counts that do not divide its channel counts, for a model that has GroupNorms. ``model.extra
 ["causal_attention"]``: the first graph op that makes attention causal (``scaled_dot_product_attention(...,
-is_causal=True)``, a ``tril``/``triu`` mask), else None; computed only for a model with a BatchNorm over the
+is_causal=True)``, a ``tril``/``triu`` mask, a lower-triangular comparison of position indices as
+transformers' ``masking_utils`` builds it), else None; computed only for a model with a BatchNorm over the
 sequence axis.
 """
 from __future__ import annotations
@@ -301,7 +302,8 @@ def conv_sibling(node: Optional[fx.Node], modules: dict[str, Any], depth: int = 
 def causal_op(graph: Optional[fx.Graph]) -> Optional[str]:
     """The first op of ``graph`` that makes attention causal: ``scaled_dot_product_attention`` called with
     ``is_causal=True`` (keyword, or the 6th positional argument of PyTorch's (query, key, value, attn_mask,
-    dropout_p, is_causal)), or a ``tril``/``triu`` (the usual causal mask); None when there is none or no graph."""
+    dropout_p, is_causal)), a ``tril``/``triu`` (the usual causal mask), or a comparison of position indices whose
+    value is lower-triangular (:func:`_lower_triangular`); None when there is none or no graph."""
     if graph is None:
         return None
     for node in graph.nodes:
@@ -314,7 +316,69 @@ def causal_op(graph: Optional[fx.Graph]) -> Optional[str]:
                 return "scaled_dot_product_attention(is_causal=True)"
         elif re.search(r"(^|\.)(tril|triu)(_|\.|$)", name):
             return name.split(".")[0]
+        elif _COMPARE.search(name) and _lower_triangular(node):
+            return f"a causal mask: position comparison {name.split('.')[0]} (key index <= query index)"
     return None
+
+
+#: comparisons of two tensors (aten ``le.Tensor``, ``torch.le``, ``operator.le``, ``Tensor.le``)
+_COMPARE = re.compile(r"(^|\.)(le|lt|ge|gt)(\.tensor|_|$)")
+#: ops a position-index tensor is computed with: from ``arange`` through indexing, offsets and layout ops only
+_POSITION_OPS = re.compile(r"(^|\.)(arange|add|sub|rsub|mul|neg|unsqueeze|view|reshape|expand|index|select|slice|"
+                           r"to|_to_copy|type_as|clone|contiguous|alias|lift_fresh_copy|getitem|le|lt|ge|gt)"
+                           r"(_|\.|$)")
+_MAX_MASK_NUMEL = 1 << 20
+
+
+def _lower_triangular(node: fx.Node) -> bool:
+    """Whether the comparison ``node`` computes a causal mask from positions alone: both operands are computed
+    from ``arange`` (and constants) only, and its value, evaluated for real on the graph's sizes, is
+    ``key <= query`` broadcast over leading dims: ``mask[..., i, j] == (j <= i)`` with more than one query.
+    This is how transformers' ``masking_utils`` builds causal masks (``causal_mask_function``: ``kv_idx <=
+    q_idx`` over ``cache_position``); a bidirectional or sliding-window band is not lower-triangular."""
+    import torch
+
+    try:
+        value = _evaluate(node, {}, 0)
+    except Exception:  # noqa: BLE001 - anything not computable from positions alone is no causal mask here
+        return False
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.bool or value.dim() < 2 or value.shape[-2] < 2:
+        return False
+    q, k = value.shape[-2], value.shape[-1]
+    offset = k - q  # a longer key axis (cached positions) puts the diagonal at j = i + offset
+    want = torch.ones(q, k, dtype=torch.bool).tril(offset)
+    return bool((value == want).all())
+
+
+def _evaluate(arg: Any, memo: dict, depth: int) -> Any:
+    """The concrete value of ``arg`` (an fx node, or a nest of them) when it is computed by
+    :data:`_POSITION_OPS` from Python numbers only; raises ValueError otherwise (a model input, a parameter,
+    any other op, more than 64 ops deep or more than 2**20 elements)."""
+    import torch
+
+    if isinstance(arg, (list, tuple)):
+        return type(arg)(_evaluate(a, memo, depth) for a in arg)
+    if not isinstance(arg, fx.Node):
+        if isinstance(arg, torch.Tensor) or callable(arg):
+            raise ValueError("not a position constant")
+        return arg
+    if arg in memo:
+        return memo[arg]
+    name = str(getattr(arg.target, "__name__", arg.target)).lower()
+    if depth > 64 or arg.op not in ("call_function", "call_method") or not _POSITION_OPS.search(name):
+        raise ValueError(f"not a position op: {arg.op} {name}")
+    args = _evaluate(list(arg.args), memo, depth + 1)
+    kwargs = {k: _evaluate(v, memo, depth + 1) for k, v in arg.kwargs.items() if k not in ("device", "pin_memory")}
+    if "arange" in name:
+        kwargs["device"] = "cpu"
+    if arg.op == "call_method":
+        value = getattr(args[0], arg.target)(*args[1:], **kwargs)
+    else:
+        value = arg.target(*args, **kwargs)
+    if isinstance(value, torch.Tensor) and value.numel() > _MAX_MASK_NUMEL:
+        raise ValueError("too large")
+    memo[arg] = value
+    return value
 
 
 _ONE_VALUE = re.compile(r"Expected more than 1 value per channel when training, got input size "
