@@ -236,8 +236,12 @@ def load_hf_target(path: Path):
 
 def _build(transformers, config, attention: Any, config_file: str, notes: list[str]) -> tuple[Any, str]:
     """Build the model class of ``config`` on the meta device; with ``attention`` (a kernel that cannot run
-    here, asked for by the config) build with ``sdpa``, else ``eager``, and say so in ``notes``."""
+    here, asked for by the config) build with ``sdpa``, else ``eager``, and say so in ``notes``. The torch
+    initialisers skip the meta tensors (:func:`normaudit.target.meta_init.meta_init_skipped`: the build's cost
+    no longer grows with the depth through them); ``init_weights()`` still runs, so tied weights stay tied."""
     import torch
+
+    from normaudit.target.meta_init import meta_init_skipped
 
     cls, name = _model_class(transformers, config)
     tries = ("sdpa", "eager") if attention else (None,)
@@ -247,7 +251,7 @@ def _build(transformers, config, attention: Any, config_file: str, notes: list[s
         for i, kernel in enumerate(tries):
             kwargs = {"attn_implementation": kernel} if kernel else {}
             try:
-                with _quiet(), contextlib.redirect_stdout(io.StringIO()), torch.device("meta"):
+                with _quiet(), contextlib.redirect_stdout(io.StringIO()), torch.device("meta"), meta_init_skipped():
                     if cls is transformers.AutoModel:
                         model = cls.from_config(config, **kwargs)
                     else:
