@@ -182,3 +182,88 @@ def test_filled_level_gives_sizes_left_to_the_checkpoint():
     assert (d["n_routed_experts"], d["num_experts_per_tok"], d["n_shared_experts"], d["head_dim"],
             d["vocab_size"], d["hidden_size"]) == (4, 2, 1, 16, 1024, 64)
     assert d["pad_token_id"] is None  # a missing token id means "none", not a size
+
+
+def test_mrope_sections_follow_the_shrunk_rotary_width():
+    # Qwen2-VL / GLM-4V: [16, 24, 24] are half of 128-wide heads; 4 heads of 64 hidden are 16 wide (8 pairs).
+    # Left as they were, the rotary embedding's split failed ("split_sizes ... sum exactly to 8") at every
+    # width level but "wide"
+    base = {"hidden_size": 3584, "num_attention_heads": 28, "rope_parameters": {"rope_type": "default",
+                                                                              "mrope_section": [16, 24, 24]}}
+    assert targets.shrink_config_dict(base)["rope_parameters"] == {"rope_type": "default", "mrope_section": [2, 3, 3]}
+    assert targets.shrink_config_dict(base, "wide")["rope_parameters"]["mrope_section"] == [16, 24, 24]
+    assert base["rope_parameters"]["mrope_section"] == [16, 24, 24]  # the caller's dict is not changed
+    # HY-V4-VL: sections sum to qk_rope_head_dim // 2 (its validator), qk_rope_head_dim 64 -> 8
+    d = targets.shrink_config_dict({"hidden_size": 4096, "num_attention_heads": 32, "qk_rope_head_dim": 64,
+                                    "rope_parameters": {"mrope_section": [12, 10, 10]}})
+    assert (d["qk_rope_head_dim"], d["rope_parameters"]["mrope_section"]) == (8, [2, 1, 1])
+    # sections that did not fit the defaults' heads either are the checkpoint's business: left alone
+    d = targets.shrink_config_dict({"hidden_size": 4096, "num_attention_heads": 32,
+                                    "rope_parameters": {"mrope_section": [8, 12, 12]}})
+    assert d["rope_parameters"]["mrope_section"] == [8, 12, 12]
+
+
+def test_mrope_sections_split():
+    assert targets.mrope_sections(8) == [2, 3, 3]
+    assert targets.mrope_sections(32, [8, 12, 12]) == [8, 12, 12]
+    assert sum(targets.mrope_sections(12, [16, 24, 24])) == 12
+
+
+def test_widths_and_groups_tied_to_the_model_width_stay_tied():
+    # WavTokenizer's validator: codebook_dim == hidden_size (no projection around the quantizer); Mimi's
+    # upsampling conv has one group per channel (upsample_groups == hidden_size: "in_channels must be
+    # divisible by groups"). A count that only happens to be small is left alone.
+    d = targets.shrink_config_dict({"hidden_size": 512, "codebook_dim": 512, "upsample_groups": 512,
+                                    "num_attention_heads": 8, "codebook_size": 2048, "num_groups": 32})
+    assert (d["hidden_size"], d["codebook_dim"], d["upsample_groups"], d["codebook_size"], d["num_groups"]) == \
+        (64, 64, 64, 2048, 32)
+
+
+def test_per_layer_lists_of_lists_keep_every_kind():
+    # MoonshineStreaming's encoder: sliding_windows per layer, [left, right] pairs (a list entry raised
+    # "unhashable type: 'list'" and no level was built)
+    d = targets.shrink_config_dict({"num_hidden_layers": 6, "sliding_windows": [[16, 4], [16, 4], [16, 0],
+                                                                                 [16, 0], [16, 4], [16, 4]]})
+    assert d["sliding_windows"] == [[16, 4], [16, 0]]
+
+
+def test_filled_level_switches_on_optional_parts_the_model_builds_anyway():
+    # Qwen4-Exp builds its QSA indexer on every indexed-attention layer though the defaults leave all five
+    # indexer_* keys None (its validator: all or none, budget a multiple of the compress ratio, one KV head);
+    # DeepSeek-OCR-2 indexes mlp_layer_types its defaults leave None; Chameleon reads vocabulary_map["<image>"]
+    base = {"num_hidden_layers": 32, "hidden_size": 2048, "num_attention_heads": 16, "indexer_n_heads": None,
+            "indexer_kv_heads": None, "indexer_head_dim": None, "indexer_budget": None,
+            "indexer_compress_ratio": None, "mlp_layer_types": None, "vocabulary_map": None, "bos_token_id": 0,
+            "eos_token_id": 2, "pad_token_id": 1}
+    d = targets.shrink_config_dict(base, "filled")
+    assert (d["indexer_n_heads"], d["indexer_kv_heads"], d["indexer_head_dim"], d["indexer_budget"],
+            d["indexer_compress_ratio"]) == (4, 1, 16, 8, 4)
+    assert d["mlp_layer_types"] == ["dense", "sparse"]
+    assert d["vocabulary_map"] == {"<image>": 3}
+    assert targets.shrink_config_dict(base)["indexer_budget"] is None  # only the last level fills
+
+
+def test_missing_keys_are_derived_from_the_others():
+    # MoonshineStreaming's decoder reads num_key_value_heads, absent from its config class
+    d = {"hidden_size": 320, "num_attention_heads": 8, "encoder_num_attention_heads": 2}
+    assert targets.missing_key_value(d, "num_key_value_heads") == 8
+    assert targets.missing_key_value(d, "dropout") == 0.0
+    assert targets.missing_key_value(d, "dropout_rate") == 0.0
+    assert targets.missing_key_value(d, "rope_theta") == 10000.0
+    # Nemotron's defaults leave num_key_value_heads None and its attention divides by it: "filled" gives heads
+    filled = targets.shrink_config_dict({"hidden_size": 6144, "num_attention_heads": 48,
+                                         "num_key_value_heads": None}, "filled")
+    assert (filled["num_attention_heads"], filled["num_key_value_heads"]) == (4, 4)
+    assert targets.missing_key_value(d, "vocabulary_map") is None
+
+
+def test_layer_parts_that_sum_to_the_depth_keep_summing_to_it():
+    # Dory's validator: n_input_layers + n_recurrent_layers + n_output_layers == num_hidden_layers (16 + 40 +
+    # 16 of 72: every level but "default" was refused, and the full-size model was audited: 29 CPU s)
+    d = targets.shrink_config_dict({"num_hidden_layers": 72, "n_input_layers": 16, "n_recurrent_layers": 40,
+                                    "n_output_layers": 16, "hidden_size": 4096})
+    assert (d["num_hidden_layers"], d["n_input_layers"], d["n_recurrent_layers"], d["n_output_layers"]) == \
+        (6, 2, 2, 2)
+    # counts that do not sum to the depth are not its parts
+    d = targets.shrink_config_dict({"num_hidden_layers": 32, "n_input_layers": 3, "n_output_layers": 4})
+    assert (d["num_hidden_layers"], d["n_input_layers"], d["n_output_layers"]) == (2, 3, 4)

@@ -84,8 +84,8 @@ def _keep_kinds(value, new: int):
     """First ``new`` entries of a per-layer list, every kind of layer kept where ``new`` allows it
     (``["sliding"] * 5 + ["full"]`` -> ``["sliding", "full"]``: validators want each kind present)."""
     head = list(value[:new])
-    kinds = list(dict.fromkeys(v for v in value if isinstance(v, (str, int, float))))
-    if isinstance(value, list) and len(kinds) <= new and set(kinds) - set(head):
+    kinds = list({repr(v): v for v in value}.values())  # entries may be lists (Moonshine ``sliding_windows``)
+    if isinstance(value, list) and len(kinds) <= new and {repr(v) for v in kinds} - {repr(v) for v in head}:
         head = [kinds[i] if i < len(kinds) else value[0] for i in range(new)]
     return head if isinstance(value, list) else "".join(head)
 
@@ -160,6 +160,21 @@ def _fit_layer_counts(d: dict[str, Any], old: int) -> None:
                 d[period] = math.gcd(d[period], d[key])
 
 
+_LAYER_PART = re.compile(r"^(n|num)_(?!hidden_)\w+_layers$")
+
+
+def _layer_parts(d: dict[str, Any], key: str) -> dict[str, int] | None:
+    """Counts of the parts of a layer stack that sum to its depth ``d[key]`` (Dory: ``n_input_layers +
+    n_recurrent_layers + n_output_layers == num_hidden_layers``, its validator), each cut to :data:`LAYERS`;
+    the depth is then their sum (every part kept). None where no such parts are given."""
+    parts = {k: v for k, v in d.items() if k != key and _LAYER_PART.match(k) and _is_int(v) and v > 0}
+    if len(parts) < 2 or sum(parts.values()) != d[key]:
+        return None
+    for k, v in parts.items():
+        d[k] = min(v, LAYERS)
+    return parts
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -202,13 +217,15 @@ def shrink_config_dict(d: dict[str, Any], level: str = "small") -> dict[str, Any
                 and key not in ("id2label", "label2id", "rope_parameters", "rope_scaling")):
             d[key] = shrink_config_dict(value, level)
     level = "small" if level == "filled" else level
+    if isinstance(d.get("architecture"), str) and "model_args" in d and level in WIDTHS:
+        d["model_args"] = dict(timm_model_args(d["architecture"], WIDTHS[level][0]), **(d["model_args"] or {}))
     staged = any(isinstance(d.get(k), list) for k in ("depths", "hidden_sizes", "embed_dims"))
     layer_keys = [k for k, v in d.items() if _LAYER_KEYS.match(k) and _is_int(v) and v > LAYERS and not staged]
     base_depths = [d[k] for k in layer_keys]
     for key in layer_keys:
-        old = d[key]
-        d[key] = LAYERS
-        _truncate_per_layer(d, old, LAYERS)
+        old, new = d[key], LAYERS * len(_layer_parts(d, key) or [None])
+        d[key] = new
+        _truncate_per_layer(d, old, new)
     if layer_keys:
         _fit_layer_indices(d)
         _fit_index_lists(d, max(base_depths))
@@ -223,15 +240,36 @@ def shrink_config_dict(d: dict[str, Any], level: str = "small") -> dict[str, Any
 _HEAD_DIM_KEY = re.compile(r"^(.*_)?head_?dim$")
 
 
+#: (key pattern, test value) of the "filled" level beyond the sizes: an optional feature switched on by a
+#: group of keys that must all be given (Qwen4-Exp's QSA indexer: ``indexer_n_heads``, ``indexer_kv_heads``,
+#: ``indexer_head_dim``, ``indexer_budget`` a multiple of ``indexer_compress_ratio``). One KV head divides
+#: every head count.
+_FILL_OPTIONAL = ((re.compile(r"^.*_kv_heads$"), 1), (re.compile(r"^.*_budget$"), 8),
+                  (re.compile(r"^.*_compress_ratio$"), 4), (_HEAD_KEYS, HEADS))
+
+
 def _fill_checkpoint_sizes(d: dict[str, Any]) -> None:
     """Give test values to sizes a library's defaults leave ``None`` for the checkpoint to give (the level
     "filled", tried only where no other level builds): vocabulary, expert counts, top-k, expert groups, head
-    width, MoE FFN width."""
+    width, MoE FFN width, the keys of :data:`_FILL_OPTIONAL`; ``mlp_layer_types`` as the library's configs
+    derive it (``["dense"] + ["sparse"] * (n - 1)``: DeepSeek-OCR-2's text model indexes it, its defaults
+    leave it ``None``); a ``vocabulary_map`` (Chameleon, Emu3: BPE names to ids, read for ``"<image>"`` at
+    construction) holding only ``"<image>"``, at the first id above the config's special tokens."""
+    layers = next((v for k, v in d.items() if _LAYER_KEYS.match(k) and _is_int(v) and v > 0), None)
     for key, value in list(d.items()):
         if value is not None:
             continue
+        optional = next((v for pattern, v in _FILL_OPTIONAL if pattern.match(key)), None)
         if key == "vocab_size":
             d[key] = 1024
+        elif key == "mlp_layer_types" and layers:
+            d[key] = ["dense"] + ["sparse"] * (layers - 1)
+        elif key == "vocabulary_map":
+            d[key] = {"<image>": _max_token_id(d) + 1}
+        elif optional is not None:
+            d[key] = optional
+        elif _KV_KEYS.match(key):  # Nemotron divides its heads by num_key_value_heads, left None
+            d[key] = missing_key_value(d, key)
         elif _EXPERT_KEYS.match(key):
             d[key] = 4
         elif _TOPK_KEYS.match(key):
@@ -295,6 +333,43 @@ def _keep_derived(d: dict[str, Any], base: dict[str, Any], hidden: int) -> None:
     _keep_width_multiples(d, base)
     _keep_head_products(d, base)
     _keep_expert_groups(d)
+    _keep_rope_sections(d, base)
+
+
+def _rotary_half(d: dict[str, Any]) -> int | None:
+    """Half the rotary width of one config level (frequencies per position): ``qk_rope_head_dim`` (MLA: the
+    rotary part of each head, HY-V4-VL), else ``head_dim`` (or hidden / heads) times ``partial_rotary_factor``
+    (top level or in ``rope_parameters``), halved; None when unknown."""
+    if _is_int(d.get("qk_rope_head_dim")):
+        return d["qk_rope_head_dim"] // 2
+    heads = next((v for k, v in d.items() if _HEAD_KEYS.match(k) and _is_int(v) and v > 0), None)
+    hidden = d.get(_primary_hidden(d) or "")
+    head = d["head_dim"] if _is_int(d.get("head_dim")) else (hidden // heads if _is_int(hidden) and heads else None)
+    rope = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
+    factor = rope.get("partial_rotary_factor", d.get("partial_rotary_factor")) or 1.0
+    return int(head * factor) // 2 if head else None
+
+
+def mrope_sections(half: int, like: list[int] | None = None) -> list[int]:
+    """Multimodal RoPE sections (temporal, height, width) summing to ``half`` frequencies, in the proportions of
+    ``like`` (the library's sections for full-size heads), else of Qwen2-VL's ``[16, 24, 24]``."""
+    like = like or [16, 24, 24]
+    out = [max(1, round(v * half / sum(like))) for v in like]
+    out[-1] = half - sum(out[:-1])
+    return out
+
+
+def _keep_rope_sections(d: dict[str, Any], base: dict[str, Any]) -> None:
+    """``rope_parameters["mrope_section"]`` that summed to half the rotary width of full-size heads (Qwen2-VL,
+    GLM-4V: ``[16, 24, 24]`` of 128-wide heads) sums to half the shrunk width, in the same proportions: the
+    model splits its frequencies by these sizes."""
+    rope = d.get("rope_parameters")
+    sections = rope.get("mrope_section") if isinstance(rope, dict) else None
+    if not (isinstance(sections, list) and sections and all(_is_int(v) for v in sections)):
+        return
+    old, new = _rotary_half(base), _rotary_half(d)
+    if old and new and old != new and sum(sections) == old and new >= len(sections):
+        d["rope_parameters"] = dict(rope, mrope_section=mrope_sections(new, sections))
 
 
 _PRIMARY_HIDDEN = ("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "hidden_dim", "model_dim")
@@ -305,17 +380,27 @@ def _primary_hidden(d: dict[str, Any]) -> str | None:
     return next((k for k in _PRIMARY_HIDDEN if _is_int(d.get(k))), None)
 
 
+#: widths and group counts that, equal to the model width in the defaults, must stay equal to it: a
+#: quantizer without projections (WavTokenizer ``codebook_dim``), a depthwise upsampling conv (Mimi's
+#: ``upsample_groups``, one group per channel)
+_TIED_TO_WIDTH = re.compile(r"(_dim|_groups|_channels)$")
+
+
 def _keep_width_multiples(d: dict[str, Any], base: dict[str, Any]) -> None:
     """A width key that was an integer multiple of the model width stays that multiple of the shrunk width
     (Zamba2: ``attention_hidden_size = 2 * hidden_size``; shrunk alone to 64 both, the attention input
-    no longer matches the concatenation it is fed)."""
+    no longer matches the concatenation it is fed); a width or group count (:data:`_TIED_TO_WIDTH`) equal to
+    the model width stays equal to it."""
     key = _primary_hidden(d)
     if key is None or not _is_int(base.get(key)) or base[key] == d[key]:
         return
     for other, value in base.items():
-        if other == key or not (_is_int(value) and _is_int(d.get(other))) or d[other] == value:
+        if other == key or not (_is_int(value) and _is_int(d.get(other))):
             continue
-        if (_HIDDEN_KEYS.match(other) or other.endswith("_hidden_size")) and value % base[key] == 0 \
+        if d[other] == value:  # left as is by the shrink
+            if _TIED_TO_WIDTH.search(other) and value == base[key]:
+                d[other] = d[key]
+        elif (_HIDDEN_KEYS.match(other) or other.endswith("_hidden_size")) and value % base[key] == 0 \
                 and 1 < value // base[key] <= 4:
             d[other] = d[key] * (value // base[key])
 
@@ -418,3 +503,83 @@ def timm_families(only: set[str] | None = None, candidates: int = 3) -> list[tup
         if best is not None:
             out.append(best)
     return out
+
+
+def missing_key_value(d: dict[str, Any], key: str) -> Any:
+    """A value for ``key``, read by a model but absent from its config class's defaults ``d`` (the
+    checkpoints' config.json gives it), derived from the other keys as transformers' configs default it; None
+    where no rule derives one. KV heads (MoonshineStreaming's decoder reads ``num_key_value_heads``) default
+    to the head count of the same prefix (multi-head attention, every config's default when they are None);
+    a dropout to 0.0, ``rope_theta`` to 10000."""
+    kv = _KV_KEYS.match(key)
+    if kv:
+        prefix = kv[1] or ""
+        heads = next((v for k, v in d.items() if _HEAD_KEYS.match(k) and k.startswith(prefix) and _is_int(v)), None)
+        return heads
+    if "dropout" in key:  # T5Gemma2's encoder reads dropout_rate
+        return 0.0
+    if key == "rope_theta":  # DBRX's attention config: the RoPE base of the RoFormer paper
+        return 10000.0
+    return None
+
+
+def timm_model_args(architecture: str, hidden: int) -> dict[str, Any]:
+    """``timm.create_model`` keyword arguments that shrink a timm model named in a transformers config
+    (``TimmWrapperConfig``: ``architecture`` and ``model_args``; PE-Audio-Video's video tower is timm's
+    ViT-L ``vit_pe_core_large_patch14_336``): ``depth`` :data:`LAYERS`, ``embed_dim`` ``hidden``,
+    ``num_heads`` :data:`HEADS`, those the model class's constructor takes (read from the class of the model
+    built on the meta device). Empty where timm is not installed or does not build the name."""
+    import inspect
+
+    try:
+        import timm
+        import torch
+
+        with torch.device("meta"):
+            model = timm.create_model(architecture, pretrained=False)
+    except Exception:  # noqa: BLE001 - no shrink without timm; the wrapper's model is then built as named
+        return {}
+    params = inspect.signature(type(model).__init__).parameters
+    wanted = {"depth": LAYERS, "embed_dim": hidden, "num_heads": HEADS}
+    return {k: v for k, v in wanted.items() if k in params}
+
+
+def model_config(config):
+    """The config the type's ``AutoModel`` class takes: ``config`` itself, or where that class takes one of
+    its sub-configs (MusicGen: ``MusicgenModel`` is the decoder, built from ``MusicgenDecoderConfig``, the
+    ``decoder`` of ``MusicgenConfig``), that sub-config, its ``architectures`` naming the class so that
+    normaudit, which reads ``architectures`` first, builds the same model."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    name = MODEL_MAPPING_NAMES.get(config.model_type)
+    wanted = getattr(getattr(transformers, name, None), "config_class", None) if isinstance(name, str) else None
+    if wanted is None or isinstance(config, wanted):
+        return config
+    sub = next((v for v in vars(config).values() if isinstance(v, wanted)), None)
+    if sub is None:
+        return config
+    sub.architectures = [name]
+    return sub
+
+
+def fill_rope_sections(config) -> None:
+    """Give ``rope_parameters["mrope_section"]`` to each (sub-)config whose class says its model reads one
+    (``ignore_keys_at_rope_validation`` names it) but whose defaults leave it out: GLM-Image and GLM-4.6V
+    fall back to ``[8, 12, 12]`` written for their checkpoints' 64-frequency rotary part, HunYuan-VL to none
+    at all. The sections sum to half the rotary width of the shrunk heads (:func:`mrope_sections`)."""
+    from transformers import PretrainedConfig
+
+    todo, seen = [config], set()
+    while todo:
+        c = todo.pop()
+        if id(c) in seen:
+            continue
+        seen.add(id(c))
+        todo += [v for v in vars(c).values() if isinstance(v, PretrainedConfig)]
+        rope = getattr(c, "rope_parameters", None)
+        reads = "mrope_section" in (getattr(type(c), "ignore_keys_at_rope_validation", None) or ())
+        if reads and isinstance(rope, dict) and rope.get("mrope_section") is None:
+            half = _rotary_half(dict(vars(c)))
+            if half and half >= 3:
+                rope["mrope_section"] = mrope_sections(half)
