@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import resource
 import sys
 import time
@@ -60,10 +61,8 @@ def _level_runs(config, precheck: bool = False) -> tuple[bool, dict[str, Any]]:
     (the levels after the first), a meta forward that fails on shapes rules the level out before any real
     build: a conv net whose last BatchNorm mismatches (EfficientNet's ``hidden_dim``) is not run for real
     once per level."""
-    import transformers
-
     with torch.device("meta"):
-        model = transformers.AutoModel.from_config(config)
+        model = build_model(config)
     n_params = sum(p.numel() for p in model.parameters())
     if n_params > MAX_FORWARD_PARAMS:
         ok, label = forward.runs_on_meta(model, config)
@@ -76,13 +75,52 @@ def _level_runs(config, precheck: bool = False) -> tuple[bool, dict[str, Any]]:
                            "fwd_inputs": f"meta forward: {label[:300]}"}
     del model
     torch.manual_seed(0)
-    truth = _ground_truth(transformers.AutoModel.from_config(config), config)
+    truth = _ground_truth(build_model(config), config)
     return truth["fwd_norms"] is not None, truth
+
+
+def build_model(config):
+    """The model normaudit builds from ``config`` (``target/hf.py``): the first class of ``architectures`` that
+    transformers has, else ``AutoModel``."""
+    import transformers
+
+    for arch in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, arch, None)
+        if cls is not None:
+            return cls._from_config(config)
+    return transformers.AutoModel.from_config(config)
+
+
+_MISSING_ATTRIBUTE = re.compile(r"object has no attribute '(\w+)'")
 
 
 def hf_config(model_type: str):
     """Shrunk config of ``model_type``: ``(config, level, ground truth, level errors)``; raises when no level
     builds.
+
+    Where no level builds because the model reads a key its config class lacks (MoonshineStreaming's decoder
+    reads ``num_key_value_heads``; the checkpoints' config.json has it), the key is given the value
+    :func:`targets.missing_key_value` derives from the others, recorded in the errors under ``added``, and
+    the levels tried again.
+    """
+    import transformers
+
+    base = transformers.CONFIG_MAPPING[model_type]().to_dict()
+    added: dict[str, Any] = {}
+    while True:
+        try:
+            config, level, truth, errors = _choose_level(model_type, base)
+            return config, level, truth, dict(errors, **({"added": str(added)} if added else {}))
+        except RuntimeError as err:
+            key = _MISSING_ATTRIBUTE.search(str(err))
+            value = targets.missing_key_value(base, key[1]) if key and key[1] not in added else None
+            if value is None:
+                raise
+            base[key[1]] = added[key[1]] = value
+
+
+def _choose_level(model_type: str, base: dict[str, Any]):
+    """The level choice of :func:`hf_config` for the config dict ``base`` (the config class's defaults).
 
     The first level of :data:`targets.SHRINK_LEVELS` whose model builds and runs a forward (:func:`_level_runs`)
     wins: a shrink whose sizes no longer fit each other (rotary sections written for 128-wide heads, expert
@@ -95,17 +133,17 @@ def hf_config(model_type: str):
     import transformers
 
     cls = transformers.CONFIG_MAPPING[model_type]
-    base = cls().to_dict()
     errors: dict[str, str] = {}
     first_built = None
     for level in targets.SHRINK_LEVELS:
         if level == "filled" and first_built is not None:
             break  # the library's own defaults build: nothing left to the checkpoint is filled in
         try:
-            config = cls.from_dict(targets.shrink_config_dict(base, level))
+            config = targets.model_config(cls.from_dict(targets.shrink_config_dict(base, level)))
+            targets.fill_rope_sections(config)
             if level == "default":
                 with torch.device("meta"):
-                    transformers.AutoModel.from_config(config)
+                    build_model(config)
                 truth = {"fwd_norms": None, "fwd_inputs": "full-size config: no forward"}
             else:
                 ok, truth = _level_runs(config, precheck=level != targets.SHRINK_LEVELS[0])
