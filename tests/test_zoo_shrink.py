@@ -267,3 +267,20 @@ def test_layer_parts_that_sum_to_the_depth_keep_summing_to_it():
     # counts that do not sum to the depth are not its parts
     d = targets.shrink_config_dict({"num_hidden_layers": 32, "n_input_layers": 3, "n_output_layers": 4})
     assert (d["num_hidden_layers"], d["n_input_layers"], d["n_output_layers"]) == (2, 3, 4)
+
+
+def test_compound_scaling_coefficients_follow_the_shrunk_width():
+    # EfficientNet-B7 defaults: the last stage is round_filters(1280 * 2.0) = 2560 = hidden_dim; hidden_dim
+    # shrunk alone to 64 failed its last BatchNorm ("running_mean should contain 2560 elements not 64")
+    d = targets.shrink_config_dict({"hidden_dim": 2560, "width_coefficient": 2.0, "depth_coefficient": 3.1,
+                                    "depth_divisor": 8, "num_hidden_layers": 64})
+    assert (d["hidden_dim"], d["width_coefficient"], d["depth_coefficient"]) == (64, 0.05, 1.0)
+    assert targets.shrink_config_dict({"hidden_dim": 2560, "width_coefficient": 2.0}, "layers")["width_coefficient"] == 2.0
+
+
+def test_missing_keys_are_added_where_they_are_lacking():
+    # DBRX's attention sub-config class reads rope_theta, which it does not define
+    d = {"d_model": 6144, "n_heads": 48, "attn_config": {"kv_n_heads": 8}, "id2label": {"0": "a"}}
+    assert targets.add_missing_key(d, "rope_theta")
+    assert d["rope_theta"] == 10000.0 and d["attn_config"]["rope_theta"] == 10000.0 and "rope_theta" not in d["id2label"]
+    assert not targets.add_missing_key(d, "vocabulary_map")

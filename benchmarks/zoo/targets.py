@@ -334,6 +334,21 @@ def _keep_derived(d: dict[str, Any], base: dict[str, Any], hidden: int) -> None:
     _keep_head_products(d, base)
     _keep_expert_groups(d)
     _keep_rope_sections(d, base)
+    _keep_compound_scaling(d, base)
+
+
+def _keep_compound_scaling(d: dict[str, Any], base: dict[str, Any]) -> None:
+    """EfficientNet's compound scaling (ALIGN's vision tower too): every stage width is ``round_filters(w *
+    width_coefficient)`` and the last one must equal ``hidden_dim`` (its BatchNorm), so the coefficient
+    scales with the shrunk width (B7: 2.0 of 2560 -> 0.05 of 64, ``round_filters(1280) == 64``); the depth
+    coefficient is at most 1 (B0's repeats). Before, the shrunk ``hidden_dim`` alone broke the last
+    BatchNorm at every width level and the full-depth B7 at 600 px was audited (264 CPU s)."""
+    key = _primary_hidden(d)
+    wc = base.get("width_coefficient")
+    if key and isinstance(wc, float) and _is_int(base.get(key)) and base[key] != d[key]:
+        d["width_coefficient"] = wc * d[key] / base[key]
+    if isinstance(base.get("depth_coefficient"), float) and base["depth_coefficient"] > 1:
+        d["depth_coefficient"] = 1.0
 
 
 def _rotary_half(d: dict[str, Any]) -> int | None:
@@ -503,6 +518,17 @@ def timm_families(only: set[str] | None = None, candidates: int = 3) -> list[tup
         if best is not None:
             out.append(best)
     return out
+
+
+def add_missing_key(d: dict[str, Any], key: str) -> bool:
+    """Give ``key`` its :func:`missing_key_value` in the config dict ``d`` and in each sub-config dict that
+    lacks it (the error names the config class, not where it sits); returns whether any was added."""
+    added = False
+    for sub in [d] + [v for k, v in d.items() if isinstance(v, dict) and k not in ("id2label", "label2id")]:
+        value = missing_key_value(sub, key) if key not in sub else None
+        if value is not None:
+            sub[key], added = value, True
+    return added
 
 
 def missing_key_value(d: dict[str, Any], key: str) -> Any:

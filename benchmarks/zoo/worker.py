@@ -100,8 +100,9 @@ def hf_config(model_type: str):
 
     Where no level builds because the model reads a key its config class lacks (MoonshineStreaming's decoder
     reads ``num_key_value_heads``; the checkpoints' config.json has it), the key is given the value
-    :func:`targets.missing_key_value` derives from the others, recorded in the errors under ``added``, and
-    the levels tried again.
+    :func:`targets.missing_key_value` derives from the others, in the config and each sub-config that lacks
+    it (:func:`targets.add_missing_key`: DBRX's ``attn_config`` reads ``rope_theta``), recorded in the errors
+    under ``added``, and the levels tried again.
     """
     import transformers
 
@@ -113,10 +114,9 @@ def hf_config(model_type: str):
             return config, level, truth, dict(errors, **({"added": str(added)} if added else {}))
         except RuntimeError as err:
             key = _MISSING_ATTRIBUTE.search(str(err))
-            value = targets.missing_key_value(base, key[1]) if key and key[1] not in added else None
-            if value is None:
+            if not key or key[1] in added or not targets.add_missing_key(base, key[1]):
                 raise
-            base[key[1]] = added[key[1]] = value
+            added[key[1]] = targets.missing_key_value(base, key[1])
 
 
 def _choose_level(model_type: str, base: dict[str, Any]):
