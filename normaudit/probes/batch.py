@@ -108,6 +108,26 @@ def batch_probe(ctx: Any, records: list, env: dict) -> list[str]:
     real.train()
     xa, xb = _probe_batches(ctx.inputs, list(cap.user_inputs), batch_dims)
     modules = dict(real.named_modules())
+    measured = _measurable(records, env, modules)
+    if not measured:
+        return ["batch probe: no site could be measured"]
+    try:
+        record_a, record_b = _run_pair(real, xa, xb, measured, modules)
+    except Exception as exc:  # noqa: BLE001
+        for rec in records:
+            if rec.site.batch_probe is not None and rec.site.batch_probe.note is None:
+                rec.site.batch_probe.note = "not measured: the model failed in the probe run"
+        return [f"batch probe failed: the model does not run on a real batch of {PROBE_BATCH} in train mode "
+                f"({_one_line(exc)})"]
+    coupled = _compare(records, measured, record_a, record_b)
+    took = time.perf_counter() - t0
+    return [f"batch probe: {PROBE_BATCH} examples in train mode, example 0 fixed ({took:.2f} s); "
+            f"{coupled} site(s) couple examples"]
+
+
+def _measurable(records: list, env: dict, modules: dict) -> dict[str, tuple[int, list]]:
+    """Give every site a :class:`BatchProbe` (with the reason when it cannot be measured); returns the
+    measurable module paths -> (the batch dim of their input, [])."""
     site_paths = {r.site.module for r in records}
     measured: dict[str, tuple[int, list]] = {}   # path -> (batch dim, [per-call site])
     for rec in records:
@@ -126,43 +146,50 @@ def batch_probe(ctx: Any, records: list, env: dict) -> list[str]:
         s.batch_probe = BatchProbe(batch_size=PROBE_BATCH, note=note)
         if note is None:
             measured.setdefault(s.module, (bd, []))
-    if not measured:
-        return ["batch probe: no site could be measured"]
+    return measured
 
+
+def _make_hooks(path: str, bd: int, record_a: dict, record_b: dict, state: dict):
+    """Forward pre/post hooks of one measured module: in phase ``a`` they record each call's input and
+    output; in phase ``b`` they pin example 0 of the input (dim ``bd``) to phase ``a``'s and record the
+    output."""
+    def pre(m, args, kwargs):
+        if state["phase"] != "b":
+            t = _first_tensor(args, kwargs)
+            record_a[path].append([t.detach().clone() if t is not None else None, None])
+            return None
+        k = len(record_b[path])
+        record_b[path].append([None, None])
+        ref = record_a[path][k][0] if k < len(record_a[path]) else None
+        t = _first_tensor(args, kwargs)
+        if ref is None or t is None or t.shape != ref.shape or t.dim() <= bd:
+            return None
+        pinned = t.clone()
+        pinned.narrow(bd, 0, 1).copy_(ref.narrow(bd, 0, 1))
+        args = tuple(pinned if a is t else a for a in args)
+        kwargs = {key: (pinned if v is t else v) for key, v in kwargs.items()}
+        return args, kwargs
+
+    def post(m, args, kwargs, out):
+        o = _out_tensor(out)
+        rec_list = record_a[path] if state["phase"] != "b" else record_b[path]
+        if rec_list:
+            rec_list[-1][1] = o.detach().clone() if o is not None else None
+        return None
+
+    return pre, post
+
+
+def _run_pair(real: torch.nn.Module, xa: Any, xb: Any, measured: dict, modules: dict) -> tuple[dict, dict]:
+    """Run ``real`` on batch ``xa``, restore its buffers, then on ``xb`` with example 0 pinned, both from the
+    same seed; returns the recorded (input, output) pairs per measured path of each run. Raises what the
+    model raises; hooks and the global RNG state are restored either way."""
     record_a: dict[str, list] = {p: [] for p in measured}
     record_b: dict[str, list] = {p: [] for p in measured}
     state = {"phase": "a"}
-
-    def make_hooks(path: str, bd: int):
-        def pre(m, args, kwargs):
-            if state["phase"] != "b":
-                t = _first_tensor(args, kwargs)
-                record_a[path].append([t.detach().clone() if t is not None else None, None])
-                return None
-            k = len(record_b[path])
-            record_b[path].append([None, None])
-            ref = record_a[path][k][0] if k < len(record_a[path]) else None
-            t = _first_tensor(args, kwargs)
-            if ref is None or t is None or t.shape != ref.shape or t.dim() <= bd:
-                return None
-            pinned = t.clone()
-            pinned.narrow(bd, 0, 1).copy_(ref.narrow(bd, 0, 1))
-            args = tuple(pinned if a is t else a for a in args)
-            kwargs = {key: (pinned if v is t else v) for key, v in kwargs.items()}
-            return args, kwargs
-
-        def post(m, args, kwargs, out):
-            o = _out_tensor(out)
-            rec_list = record_a[path] if state["phase"] != "b" else record_b[path]
-            if rec_list:
-                rec_list[-1][1] = o.detach().clone() if o is not None else None
-            return None
-
-        return pre, post
-
     handles = []
     for path, (bd, _) in measured.items():
-        pre, post = make_hooks(path, bd)
+        pre, post = _make_hooks(path, bd, record_a, record_b, state)
         handles.append(modules[path].register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(modules[path].register_forward_hook(post, with_kwargs=True))
     buffers = {k: v.detach().clone() for k, v in real.state_dict(keep_vars=True).items()}
@@ -175,16 +202,16 @@ def batch_probe(ctx: Any, records: list, env: dict) -> list[str]:
             state["phase"] = "b"
             torch.manual_seed(0)
             _call(real, xb)
-    except Exception as exc:  # noqa: BLE001
-        for rec in records:
-            if rec.site.batch_probe is not None and rec.site.batch_probe.note is None:
-                rec.site.batch_probe.note = "not measured: the model failed in the probe run"
-        return [f"batch probe failed: the model does not run on a real batch of {PROBE_BATCH} in train mode "
-                f"({_one_line(exc)})"]
     finally:
         for h in handles:
             h.remove()
         torch.random.set_rng_state(rng)
+    return record_a, record_b
+
+
+def _compare(records: list, measured: dict, record_a: dict, record_b: dict) -> int:
+    """Fill each measured site's :class:`BatchProbe` from the change of its example-0 output between the two
+    runs (coupled when above 1e-6 of its scale); returns the number of coupled sites."""
     coupled = 0
     for rec in records:
         s = rec.site
@@ -206,6 +233,4 @@ def batch_probe(ctx: Any, records: list, env: dict) -> list[str]:
         s.batch_probe.tolerance = tol
         s.batch_probe.coupled = not (change <= tol)
         coupled += bool(s.batch_probe.coupled)
-    took = time.perf_counter() - t0
-    return [f"batch probe: {PROBE_BATCH} examples in train mode, example 0 fixed ({took:.2f} s); "
-            f"{coupled} site(s) couple examples"]
+    return coupled
