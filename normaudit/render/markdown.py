@@ -280,12 +280,84 @@ def _label(text: str) -> str:
     return '"' + text.replace('"', "#quot;") + '"'
 
 
+class _Diagram:
+    """The Mermaid nodes of one block's subgraph: node ids prefixed per block, each node declared once, norm
+    nodes labelled with their kind and placement and remembered for the ``norm`` class."""
+
+    _SHAPES = {"box": ("[", "]"), "circle": ("((", "))"), "stadium": ("([", "])"), "round": ("(", ")")}
+
+    def __init__(self, prefix: str, norms: list[tuple[str, str]], kind_of: dict[str, Optional[str]]):
+        self.prefix, self.kind_of = prefix, kind_of
+        self.nodes: dict[str, str] = {}
+        self.norm_ids: list[str] = []
+        self.order = {name: i for i, (name, _) in enumerate(norms)}
+        self.placement_of = dict(norms)
+
+    def node(self, key: str, shape: str, text: str, norm: bool = False) -> str:
+        """The id of node ``key`` (declared with ``shape`` and ``text`` on first use)."""
+        ident = self.prefix + key
+        if ident not in self.nodes:
+            open_, close = self._SHAPES[shape]
+            self.nodes[ident] = f"    {ident}{open_}{_label(text)}{close}"
+            if norm:
+                self.norm_ids.append(ident)
+        return ident
+
+    def norm_node(self, name: str) -> str:
+        """The id of the norm ``name`` (relative path), labelled with its kind and placement."""
+        kind, placement = self.kind_of.get(name), self.placement_of[name]
+        text = f"{name}<br/>{kind}, {placement}" if kind else f"{name}<br/>{placement}"
+        return self.node(f"n{self.order[name]}", "box", text, norm=True)
+
+
+def _parallel_edges(d: _Diagram, branches: list, stream: str, edges: list[str]) -> str:
+    """Edges of a parallel block (attention and MLP read one normed stream, or each its own, into one
+    add); returns the stream node after the block."""
+    add = d.node("add1", "circle", "+")
+    if len(branches) == 1:
+        b = branches[0]
+        head = [d.norm_node(n) for n in b.pre]
+        attn = d.node("attn", "round", "attn")
+        mlp = d.node("mlp", "round", "mlp")
+        edges.append(" --> ".join([stream, *head, attn, add]))
+        edges.append(" --> ".join([head[-1] if head else stream, mlp, add]))
+        for q in b.qk:
+            edges.append(f"{d.norm_node(q)} -.-> {attn}")
+    else:
+        for b, name in zip(branches, ("attn", "mlp")):
+            sub = d.node(name, "round", name)
+            edges.append(" --> ".join([stream, *[d.norm_node(n) for n in b.pre], sub, add]))
+            for q in b.qk:
+                edges.append(f"{d.norm_node(q)} -.-> {sub}")
+    edges.append(f"{stream} --> {add}")
+    return add
+
+
+def _sequential_edges(d: _Diagram, branches: list, names: list[str], stream: str, edges: list[str]) -> str:
+    """Edges of residual branches one after the other (pre norms, sublayer, inner norms, add, post norms);
+    returns the stream node after the last."""
+    for i, (b, name) in enumerate(zip(branches, names), start=1):
+        sub = d.node(name, "round", name)
+        add = d.node(f"add{i}", "circle", "+")
+        pre = [d.norm_node(n) for n in b.pre]
+        inner = [d.norm_node(n) for n in b.inner]
+        edges.append(" --> ".join([stream, *pre, sub, *inner, add]))
+        edges.append(f"{stream} --> {add}")
+        for q in b.qk:
+            edges.append(f"{d.norm_node(q)} -.-> {sub}")
+        stream = add
+        if b.post:
+            post = [d.norm_node(n) for n in b.post]
+            edges.append(" --> ".join([stream, *post]))
+            stream = post[-1]
+    return stream
+
+
 def _block_diagram(index: int, group: list[Block], kinds: dict[str, str], parallel: bool) -> list[str]:
     """Mermaid lines (a ``subgraph``) for one group of identical blocks."""
     first = group[0]
-    prefix = f"k{index}_"
     norms = [(_relative(first.path, m), p) for m, p in first.norms.items()]
-    kind_of = {_relative(first.path, m): kinds.get(m) for m in first.norms}
+    d = _Diagram(f"k{index}_", norms, {_relative(first.path, m): kinds.get(m) for m in first.norms})
     branches, others = _branches(norms)
     names = _sublayer_names(branches)
 
@@ -294,76 +366,25 @@ def _block_diagram(index: int, group: list[Block], kinds: dict[str, str], parall
         title += f" x {len(group)} ({group[0].path} … {group[-1].path})"
     elif first.path:
         title += f" ({first.path})"
-    lines = [f"  subgraph {prefix}block[{_label(title)}]", "    direction TB"]
-
-    nodes: dict[str, str] = {}
-    norm_ids: list[str] = []
-
-    def node(key: str, shape: str, text: str, norm: bool = False) -> str:
-        ident = prefix + key
-        if ident not in nodes:
-            open_, close = {"box": ("[", "]"), "circle": ("((", "))"), "stadium": ("([", "])"),
-                            "round": ("(", ")")}[shape]
-            nodes[ident] = f"    {ident}{open_}{_label(text)}{close}"
-            if norm:
-                norm_ids.append(ident)
-        return ident
-
-    order = {name: i for i, (name, _) in enumerate(norms)}
-    placement_of = dict(norms)
-
-    def norm_node(name: str) -> str:
-        kind, placement = kind_of.get(name), placement_of[name]
-        text = f"{name}<br/>{kind}, {placement}" if kind else f"{name}<br/>{placement}"
-        return node(f"n{order[name]}", "box", text, norm=True)
+    lines = [f"  subgraph {d.prefix}block[{_label(title)}]", "    direction TB"]
 
     edges: list[str] = []
-    stream = node("x", "stadium", "x")
+    stream = d.node("x", "stadium", "x")
     only_pre = all(not b.inner and not b.post for b in branches)
     if parallel and branches and only_pre and len(branches) <= 2:
-        add = node("add1", "circle", "+")
-        if len(branches) == 1:
-            b = branches[0]
-            head = [norm_node(n) for n in b.pre]
-            attn = node("attn", "round", "attn")
-            mlp = node("mlp", "round", "mlp")
-            edges.append(" --> ".join([stream, *head, attn, add]))
-            edges.append(" --> ".join([head[-1] if head else stream, mlp, add]))
-            for q in b.qk:
-                edges.append(f"{norm_node(q)} -.-> {attn}")
-        else:
-            for b, name in zip(branches, ("attn", "mlp")):
-                sub = node(name, "round", name)
-                edges.append(" --> ".join([stream, *[norm_node(n) for n in b.pre], sub, add]))
-                for q in b.qk:
-                    edges.append(f"{norm_node(q)} -.-> {sub}")
-        edges.append(f"{stream} --> {add}")
-        stream = add
+        stream = _parallel_edges(d, branches, stream, edges)
     else:
-        for i, (b, name) in enumerate(zip(branches, names), start=1):
-            sub = node(name, "round", name)
-            add = node(f"add{i}", "circle", "+")
-            pre = [norm_node(n) for n in b.pre]
-            inner = [norm_node(n) for n in b.inner]
-            edges.append(" --> ".join([stream, *pre, sub, *inner, add]))
-            edges.append(f"{stream} --> {add}")
-            for q in b.qk:
-                edges.append(f"{norm_node(q)} -.-> {sub}")
-            stream = add
-            if b.post:
-                post = [norm_node(n) for n in b.post]
-                edges.append(" --> ".join([stream, *post]))
-                stream = post[-1]
-    out = node("out", "stadium", "out")
+        stream = _sequential_edges(d, branches, names, stream, edges)
+    out = d.node("out", "stadium", "out")
     edges.append(f"{stream} --> {out}")
     for name, _ in others:
-        norm_node(name)
+        d.norm_node(name)
 
-    lines += list(nodes.values())
+    lines += list(d.nodes.values())
     lines += [f"    {edge}" for edge in edges]
     lines.append("  end")
-    if norm_ids:
-        lines.append(f"  class {','.join(norm_ids)} norm")
+    if d.norm_ids:
+        lines.append(f"  class {','.join(d.norm_ids)} norm")
     return lines
 
 
