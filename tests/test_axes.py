@@ -476,3 +476,106 @@ def test_hf_vit_norms_all_normalise_features(rules, tmp_path):
         "layers.0.layernorm_before": ["feature"], "layers.0.layernorm_after": ["feature"],
         "layers.1.layernorm_before": ["feature"], "layers.1.layernorm_after": ["feature"],
         "layernorm": ["feature"]}
+
+
+class SpectrogramSubsampler(nn.Module):
+    """Gemma3n's/Parakeet's audio subsampling: ``(batch, frames, mel)`` unsqueezed into one channel, padded,
+    read by a Conv2d, its ``(B, C, T, F)`` output permuted to ``(B, T, F, C)`` for a norm over ``(F, C)``, then
+    flattened per frame into a Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.ln = nn.Conv2d(1, 8, 3, stride=2, bias=False), nn.LayerNorm([4, 8])
+        self.proj, self.out = nn.Linear(32, 16), nn.LayerNorm(16)
+
+    def forward(self, input_features):
+        x = F.pad(input_features.unsqueeze(1), (1, 1, 0, 2)).to(self.conv.weight.dtype)
+        y = self.ln(self.conv(x).permute(0, 2, 3, 1).contiguous())
+        b, t, f, c = y.shape
+        return self.out(self.proj(y.reshape(b, t, f * c)))
+
+
+class PatchedSpectrogram(nn.Module):
+    """AST's patch embedding: ``input_values.unsqueeze(1).transpose(2, 3)`` into a Conv2d."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.ln = nn.Conv2d(1, 8, 4, stride=4), nn.LayerNorm(8)
+
+    def forward(self, input_values):
+        return self.ln(self.conv(input_values.unsqueeze(1).transpose(2, 3)).flatten(2).transpose(1, 2))
+
+
+class FramesIntoConv1d(nn.Module):
+    """Speech2Text's subsampler: ``(batch, frames, mel)`` transposed into a Conv1d over the mel channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.ln = nn.Conv1d(8, 16, 3, stride=2), nn.LayerNorm(16)
+
+    def forward(self, input_features):
+        return self.ln(self.conv(input_features.transpose(1, 2)).transpose(1, 2))
+
+
+class GrayImage(nn.Module):
+    """A ``(batch, height, width)`` image unsqueezed into one channel for a Conv2d."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(1, 8, 3), nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        return self.bn(self.conv(x.unsqueeze(1)))
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_rank3_input_read_by_a_convolution_after_a_layout_op(method):
+    """A rank-3 input's layout is told by the convolution it reaches through ``unsqueeze(1)`` (a one-channel
+    map for a Conv2d: time and mel for audio, height and width otherwise) or ``transpose(1, 2)`` (channels
+    last for a Conv1d), not by its name alone: Gemma3n's audio norm input was (batch, channel, sequence,
+    channel), its conformer's (batch, channel, feature)."""
+    def inputs(name, *size):
+        x = torch.randn(*size)
+        return {name: x} if method == "export" else (x,)  # export names positional inputs args_0
+    assert _site_axes(SpectrogramSubsampler(), inputs("input_features", 2, 12, 8), method) == [
+        ("ln", ["batch", "sequence", "feature", "channel"], ["feature", "channel"]),
+        ("out", ["batch", "sequence", "feature"], ["feature"]),
+    ]
+    assert _site_axes(PatchedSpectrogram(), inputs("input_values", 2, 16, 8), method) == [
+        ("ln", ["batch", "feature*sequence", "channel"], ["channel"])]
+    assert _site_axes(FramesIntoConv1d(), inputs("input_features", 2, 12, 8), method) == [
+        ("ln", ["batch", "sequence", "channel"], ["channel"])]
+    assert _site_axes(GrayImage(), inputs("x", 2, 12, 8), method) == [
+        ("bn", ["batch", "channel", "height", "width"], ["batch", "height", "width"])]
+
+
+
+class PlainIntMerger(nn.Module):
+    """Packed tokens merged 4 at a time into the features with sizes computed from ``x.shape`` (plain ints
+    under export, traced under symbolic tracing) or written as literals, read by a LayerNorm, a Linear and a
+    hand-written RMSNorm's gain; and 2 halves of the tokens folded into rows, read by no parameter."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.ln, self.proj = nn.LayerNorm(4 * d), nn.Linear(4 * d, 4)
+        self.gain = nn.Parameter(torch.ones(4 * d))
+
+    def forward(self, hidden_states):                       # (tokens, feature)
+        n, d = hidden_states.shape
+        a = self.ln(hidden_states.reshape(n // 4, 4 * d))
+        b = self.proj(hidden_states.reshape(4, 32))
+        c = hidden_states.reshape(n // 4, 4 * d).float()
+        c = c * torch.rsqrt(c.pow(2).mean(-1, keepdim=True) + 1e-6) * self.gain
+        return a, b, c, hidden_states.reshape(2, 64) + 1
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_tokens_merged_into_features_by_plain_int_sizes_are_features(method):
+    """``x.reshape(n // 4, 4 * d)``: no ``-1`` tells which size the model fixes; the parameter reading the
+    merged dim does (LayerNorm(4d), Linear(4d, .), a gain of 4d): feature, not batch*feature. With no
+    parameter (the halves) the merged dim keeps its tokens."""
+    assert _site_axes(PlainIntMerger(), (torch.randn(16, 8),), method)[0] == ("ln", ["batch", "feature"], ["feature"])
+    cap = capture_model(PlainIntMerger(), (torch.randn(16, 8),), on_meta=False, methods=(method,))
+    env = axes_pass.label_graph(cap)
+    views = [n for n in cap.gm.graph.nodes if axes_pass._raw_name(n) in ("view", "reshape", "_unsafe_view")]
+    assert [axes_pass.axes_text(env[n]) for n in views] == [["batch", "feature"]] * 3 + [["batch", "batch*feature"]]

@@ -265,6 +265,9 @@ def input_labels(node: fx.Node, cap: Capture, declared: Optional[list[Label]] = 
             return [("batch",), ("channel",), ("sequence",)]
         if _sequence_first(first, cap.root):
             return [("sequence",), ("batch",), ("feature",)]
+        layout = _conv_reading(node, cap) if first is None else None
+        if layout is not None:
+            return _read_by_conv_labels(layout, shp, name, cap)
         if first is None and any(k in name for k in ("feature", "mel", "spectrogram")):
             return [("batch",), ("channel",), ("sequence",)]
         return [("batch",), ("sequence",), ("feature",)]
@@ -280,22 +283,113 @@ def input_labels(node: fx.Node, cap: Capture, declared: Optional[list[Label]] = 
 
 
 _SPECTROGRAM_NAMES = ("input_features", "mel", "spectrogram", "fbank")
-_MEL_KEYS = ("num_mel_bins", "n_mels", "mel_bins", "feature_size", "num_mel_filters")
+_MEL_KEYS = ("num_mel_bins", "n_mels", "mel_bins", "feature_size", "num_mel_filters", "input_feat_size",
+             "input_feat_per_channel")
+
+
+def _mel_counts(cap: Capture) -> set:
+    """The mel-bin counts a model's config declares (its own keys and its audio/encoder sub-config's)."""
+    config = getattr(getattr(cap, "root", None), "config", None)
+    configs = [config] + [getattr(config, k, None) for k in ("audio_config", "encoder_config")]
+    return {getattr(c, k, None) for c in configs if c is not None for k in _MEL_KEYS} - {None}
+
+
+def _time_and_mel(shp: Any, first: int, cap: Capture) -> list[Label]:
+    """Labels of dims ``first`` and ``first + 1`` of a spectrogram: ``(sequence, feature)`` (time frames,
+    then mel bins: the feature extractors' layout), or ``(feature, sequence)`` when dim ``first``, not the
+    next, has the config's mel-bin count (:func:`_mel_counts`)."""
+    mels = _mel_counts(cap)
+    dims = [int(d) if isinstance(d, int) else None for d in shp]
+    if dims[first] is not None and dims[first] in mels and dims[first + 1] not in mels:
+        return [("feature",), ("sequence",)]
+    return [("sequence",), ("feature",)]
 
 
 def _spectrogram_labels(shp: Any, cap: Capture) -> list[Label]:
     """Labels of a rank-4 spectrogram input (``input_features`` of CLAP/HTSAT, PANNs-style audio CNNs):
-    ``(batch, channel, sequence, feature)`` (time frames, then mel bins: the feature extractors' layout), or
-    ``(batch, channel, feature, sequence)`` when dim 2, not dim 3, has the config's mel-bin count. The mel
-    axis is a feature axis, not an image width: a BatchNorm2d over it after ``transpose(1, 3)`` (PANNs'
-    and HTSAT's ``bn0``) normalises each mel bin, as designed."""
-    config = getattr(getattr(cap, "root", None), "config", None)
-    configs = [config] + [getattr(config, k, None) for k in ("audio_config", "encoder_config")]
-    mels = {getattr(c, k, None) for c in configs if c is not None for k in _MEL_KEYS}
-    dims = [int(d) if isinstance(d, int) else None for d in shp]
-    if dims[2] is not None and dims[2] in mels and dims[3] not in mels:
-        return [("batch",), ("channel",), ("feature",), ("sequence",)]
-    return [("batch",), ("channel",), ("sequence",), ("feature",)]
+    ``(batch, channel, sequence, feature)``, or ``(batch, channel, feature, sequence)`` when dim 2, not
+    dim 3, has the config's mel-bin count (:func:`_time_and_mel`). The mel axis is a feature axis, not an
+    image width: a BatchNorm2d over it after ``transpose(1, 3)`` (PANNs' and HTSAT's ``bn0``) normalises
+    each mel bin, as designed."""
+    return [("batch",), ("channel",)] + _time_and_mel(shp, 2, cap)
+
+
+#: ops a model input passes through on its way to its first convolution without changing what its dims are
+_CONV_PATH_OPS = ("to", "alias", "dropout", "contiguous", "pad", "constant_pad_nd", "clone")
+
+
+def _conv_reading(node: fx.Node, cap: Capture) -> Optional[str]:
+    """How a rank-3 ``(batch, X, Y)`` input reaches its first convolution, when a layout op leads there:
+    ``"map"`` when it is unsqueezed into one channel, ``(B, 1, X, Y)``, and read by a 2-D convolution (a
+    single-channel map: Gemma3n's, Gemma4's and Parakeet's audio subsampling ``input_features.unsqueeze(1)``
+    into ``Conv2d``, AST's patch embedding); ``"channels_last"`` when it is transposed to ``(B, Y, X)`` and
+    read by a 1-D convolution (Speech2Text's ``input_features.transpose(1, 2)`` into ``Conv1d``); None
+    otherwise (padding, casts and a transpose of the map's spatial dims may come between)."""
+    frontier = [(node, "input")]
+    for _ in range(8):
+        nxt = []
+        for n, state in frontier:
+            for user in n.users:
+                conv = _conv_rank(user, cap)
+                if conv is not None and (state, conv) in (("map", 2), ("channels_last", 1)):
+                    return state
+                step = _conv_path_step(user, n, state) if conv is None else None
+                if step is not None:
+                    nxt.append((user, step))
+        frontier = nxt
+    return None
+
+
+def _conv_path_step(user: fx.Node, src: fx.Node, state: str) -> Optional[str]:
+    """One step of :func:`_conv_reading`: the layout state after ``user`` reads ``src`` (``"input"``: no
+    layout op yet, ``"map"``, ``"channels_last"``), None when the path ends there."""
+    name, rank = op_name(user), len(shape(src) or ())
+    if name in _CONV_PATH_OPS or _raw_name(user) in _CONV_PATH_OPS:
+        return state if user.args and user.args[0] is src else None
+    if state == "input" and name == "unsqueeze" and rank == 3 and arg(user, 1, "dim", None) in (1, -3):
+        return "map"
+    if state == "input" and rank == 3 and _swaps_last_two(user):
+        return "channels_last"
+    if state == "map" and rank == 4 and _swaps_last_two(user):
+        return "map"  # the map's two spatial dims exchanged (AST: unsqueeze(1).transpose(2, 3))
+    return None
+
+
+def _swaps_last_two(node: fx.Node) -> bool:
+    """``transpose``/``permute`` exchanging only the last two dims of its input."""
+    rank = len(shape(node.args[0]) or ()) if node.args else 0
+    if op_name(node) == "transpose" and len(node.args) >= 3:
+        return rank >= 2 and {int(d) % rank for d in node.args[1:3] if isinstance(d, int)} == {rank - 2, rank - 1}
+    if op_name(node) == "permute" or _raw_name(node) == "permute":
+        dims = _dims_arg(node, 1, "dims")
+        return dims is not None and rank >= 2 and [d % rank for d in dims] == list(range(rank - 2)) + [rank - 1,
+                                                                                                        rank - 2]
+    return False
+
+
+def _conv_rank(node: fx.Node, cap: Capture) -> Optional[int]:
+    """The number of spatial dims of a convolution node (``Conv2d`` module or aten/functional conv), else None."""
+    if op_name(node) == "module":
+        mod = cap.modules.get(str(node.target))
+        w = getattr(mod, "weight", None) if isinstance(mod, nn.modules.conv._ConvNd) else None
+        return w.dim() - 2 if isinstance(w, torch.Tensor) else None
+    if op_name(node) != "conv":
+        return None
+    w = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
+    ws = shape(w) if isinstance(w, fx.Node) else None
+    return len(ws) - 2 if ws is not None else None
+
+
+def _read_by_conv_labels(layout: str, shp: Any, name: str, cap: Capture) -> list[Label]:
+    """Labels of a rank-3 input read by a convolution after a layout op (:func:`_conv_reading`): a
+    single-channel map is ``(batch, sequence, feature)`` for audio (time frames and mel bins, ordered by
+    :func:`_time_and_mel`) and ``(batch, height, width)`` otherwise; a channels-last sequence read by a 1-D
+    convolution is ``(batch, sequence, feature)``."""
+    if layout == "channels_last":
+        return [("batch",), ("sequence",), ("feature",)]
+    if any(k in name for k in _SPECTROGRAM_NAMES + _AUDIO_NAMES):
+        return [("batch",)] + _time_and_mel(shp, 1, cap)
+    return [("batch",), ("height",), ("width",)]
 
 
 _TORCH_TRANSFORMERS = (nn.Transformer, nn.TransformerEncoder, nn.TransformerDecoder, nn.TransformerEncoderLayer,
@@ -636,25 +730,76 @@ def _dims_arg(node: fx.Node, index: int, name: str) -> Optional[list[int]]:
     return None
 
 
-def _fixed_sizes(node: fx.Node, rank: int) -> Optional[list[bool]]:
+def _fixed_sizes(node: fx.Node, rank: int, cap: Optional[Capture] = None,
+                 params: Optional[set] = None) -> Optional[list[bool]]:
     """For a ``view``/``reshape`` node, which output dims have a size fixed by the model, not by the input.
 
     A size given as a plain int is fixed when another size of the same call is inferred (``-1``) or traced
     from the input (an fx node: ``x.size(0) // 4`` under symbolic tracing): ``x.view(-1, hidden * 4)``
     fixes the last dim and leaves the token count to the input. Export graphs keep the ``-1`` as written.
-    Returns None when that cannot be told (all sizes plain ints, ``flatten``, ``view_as``).
+    The last size, unless written ``-1``, is also fixed when a parameter downstream has it
+    (:func:`_sized_by_parameter`): ``x.reshape(n // 4, 4 * d)`` with ``n, d = x.shape`` (plain ints under
+    export, traced under symbolic tracing) feeding ``nn.LayerNorm(4 * d)`` or ``nn.Linear(4 * d, ...)``.
+    Returns None when that cannot be told (``flatten``, ``view_as``, plain ints no parameter explains).
     """
     if _raw_name(node) not in ("view", "reshape", "_unsafe_view", "_reshape_alias"):
         return None
     sizes = node.args[1:] if len(node.args) > 1 else [node.kwargs.get("shape", node.kwargs.get("size"))]
     if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)):
         sizes = sizes[0]
-    if len(sizes) != rank:
+    if len(sizes) != rank or not rank:
         return None
     free = [not isinstance(z, int) or z == -1 for z in sizes]
-    if not any(free):
-        return None
-    return [not f for f in free]
+    fixed = [not f for f in free] if any(free) else [False] * rank
+    out_shape = shape(node)
+    if cap is not None and out_shape and sizes[-1] != -1 and _sized_by_parameter(node, int(out_shape[-1]), cap,
+                                                                                 params or set()):
+        fixed[-1] = True
+    return fixed if any(fixed) else None
+
+
+def _sized_by_parameter(node: fx.Node, size: int, cap: Capture, params: set) -> bool:
+    """True when a layer reading ``node`` (through casts and element-wise ops that keep its shape) holds a
+    parameter whose last dim is ``size`` along ``node``'s last dim: a Linear's input features, a LayerNorm's
+    or RMSNorm's normalised shape, a matmul by a weight, a gain multiplied in. The model then fixes that
+    size, whatever the input."""
+    frontier, seen = [node], {node}
+    for _ in range(6):
+        nxt = []
+        for n in frontier:
+            for user in n.users:
+                if user in seen:
+                    continue
+                seen.add(user)
+                if _parameter_size(user, n, cap, params) == size:
+                    return True
+                if shape(user) == shape(node) and (op_name(user) in ("to", "alias", "dropout", "contiguous")
+                                                   or op_name(user) in _ELEMENTWISE + ("pow", "square", "neg")):
+                    nxt.append(user)
+        frontier = nxt
+    return False
+
+
+def _parameter_size(user: fx.Node, src: fx.Node, cap: Capture, params: set) -> Optional[int]:
+    """The size a parameter of ``user`` fixes along the last dim of its input ``src`` (see
+    :func:`_sized_by_parameter`), else None."""
+    name = op_name(user)
+    if name == "module":
+        mod = cap.modules.get(str(user.target))
+        w = getattr(mod, "weight", None) if isinstance(mod, (nn.Linear, nn.LayerNorm, nn.RMSNorm)) else None
+        return int(w.shape[-1]) if isinstance(w, torch.Tensor) and w.dim() else None
+    if name in ("layer_norm", "rms_norm"):
+        ns = arg(user, 1, "normalized_shape", None)
+        return int(ns[-1]) if isinstance(ns, (list, tuple)) and ns and isinstance(ns[-1], int) else None
+    operands = [a for a in user.args[:3] if isinstance(a, fx.Node) and a is not src and a in params]
+    ws = [shape(a) for a in operands if shape(a)]
+    if name == "linear" and ws:
+        return int(ws[0][-1])
+    if name == "matmul" and ws and len(ws[0]) >= 2:
+        return int(ws[0][-2])
+    if name in ("mul", "add") and ws:
+        return int(ws[0][-1])
+    return None
 
 
 def _transfer(node: fx.Node, cap: Capture, env: dict, params: Optional[set] = None) -> Any:
@@ -796,7 +941,7 @@ def _transfer(node: fx.Node, cap: Capture, env: dict, params: Optional[set] = No
     if name in ("view", "flatten", "unflatten", "squeeze", "view_as", "reshape_as", "_reshape_alias",
                 "reshape") or raw in ("view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze",
                                       "view_as", "reshape_as", "ravel"):
-        return _reshape(x, out_shape, _fixed_sizes(node, len(out_shape)))
+        return _reshape(x, out_shape, _fixed_sizes(node, len(out_shape), cap, params))
     if name == "unsqueeze":
         d = int(arg(node, 1, "dim", 0)) % (rank + 1)
         labs = list(x)
