@@ -284,3 +284,12 @@ def test_missing_keys_are_added_where_they_are_lacking():
     assert targets.add_missing_key(d, "rope_theta")
     assert d["rope_theta"] == 10000.0 and d["attn_config"]["rope_theta"] == 10000.0 and "rope_theta" not in d["id2label"]
     assert not targets.add_missing_key(d, "vocabulary_map")
+
+
+def test_tower_widths_tied_to_the_text_width_stay_tied():
+    # Dots3-Note's validator: vision_config.adapter_out_dim == text_config.hidden_size (2048 both)
+    d = targets.shrink_config_dict({"text_config": {"hidden_size": 2048, "num_attention_heads": 16},
+                                    "vision_config": {"hidden_size": 1536, "adapter_out_dim": 2048,
+                                                      "patch_dim": 14}})
+    assert (d["text_config"]["hidden_size"], d["vision_config"]["hidden_size"],
+            d["vision_config"]["adapter_out_dim"], d["vision_config"]["patch_dim"]) == (64, 64, 64, 14)

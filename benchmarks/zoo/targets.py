@@ -212,10 +212,12 @@ def shrink_config_dict(d: dict[str, Any], level: str = "small") -> dict[str, Any
         return d
     if level == "filled":
         _fill_checkpoint_sizes(d)
+    subs = {}
     for key, value in list(d.items()):
         if (isinstance(value, dict) and all(isinstance(k, str) for k in value)  # a sub-config, not a table
                 and key not in ("id2label", "label2id", "rope_parameters", "rope_scaling")):
-            d[key] = shrink_config_dict(value, level)
+            subs[key], d[key] = value, shrink_config_dict(value, level)
+    _keep_text_width(subs, d)
     level = "small" if level == "filled" else level
     if isinstance(d.get("architecture"), str) and "model_args" in d and level in WIDTHS:
         d["model_args"] = dict(timm_model_args(d["architecture"], WIDTHS[level][0]), **(d["model_args"] or {}))
@@ -397,8 +399,8 @@ def _primary_hidden(d: dict[str, Any]) -> str | None:
 
 #: widths and group counts that, equal to the model width in the defaults, must stay equal to it: a
 #: quantizer without projections (WavTokenizer ``codebook_dim``), a depthwise upsampling conv (Mimi's
-#: ``upsample_groups``, one group per channel)
-_TIED_TO_WIDTH = re.compile(r"(_dim|_groups|_channels)$")
+#: ``upsample_groups``, one group per channel), an adapter's input (Dots3-Note ``adapter_input_size``)
+_TIED_TO_WIDTH = re.compile(r"(_dim|_groups|_channels|_input_size)$")
 
 
 def _keep_width_multiples(d: dict[str, Any], base: dict[str, Any]) -> None:
@@ -418,6 +420,23 @@ def _keep_width_multiples(d: dict[str, Any], base: dict[str, Any]) -> None:
         elif (_HIDDEN_KEYS.match(other) or other.endswith("_hidden_size")) and value % base[key] == 0 \
                 and 1 < value // base[key] <= 4:
             d[other] = d[key] * (value // base[key])
+
+
+def _keep_text_width(subs: dict[str, dict[str, Any]], d: dict[str, Any]) -> None:
+    """A tower's width key (:data:`_TIED_TO_WIDTH`) equal to the language model's width in the defaults
+    stays equal to the shrunk one (Dots3-Note's validator: ``vision_config.adapter_out_dim ==
+    text_config.hidden_size``): towers project into the text model. ``subs``: the sub-configs of ``d``
+    before their shrink, by key; ``d``: the config, its sub-configs shrunk."""
+    old_text, new_text = subs.get("text_config"), d.get("text_config")
+    width = _primary_hidden(old_text) if isinstance(old_text, dict) else None
+    if width is None or not _is_int(new_text.get(width)) or old_text[width] == new_text[width]:
+        return
+    for name, old in subs.items():
+        if name == "text_config":
+            continue
+        for key, value in old.items():
+            if _TIED_TO_WIDTH.search(key) and value == old_text[width] and d[name].get(key) == value:
+                d[name][key] = new_text[width]
 
 
 _HEAD_COUNT = re.compile(r"^(?P<p>.*?)_?(num_attention_heads|num_heads|n_heads|n_head|attention_heads)$|"
