@@ -337,3 +337,59 @@ def test_token_ids_over_several_codebooks():
                        codebook_vocab_size=17, num_codebooks=4, pad_token_id=3, audio_pad_token_id=98,
                        audio_bos_token_id=16, bos_token_id=1, codec_config=codec)
     assert infer_hf_inputs(model)[1] == "input_ids int64 (2, 16, 5)"
+
+
+# Inputs sized or shaped by the config keys the forward depends on (issue 10, coverage, second round): each
+# mechanism with a tiny real config, the exact inputs built, and a capture holding every norm module.
+RT_DETR = dict(backbone_config=dict(model_type="resnet", embedding_size=8, hidden_sizes=[8, 16, 32, 64],
+                                    depths=[1, 1, 1, 1], layer_type="basic", out_features=["stage2", "stage3", "stage4"]),
+               encoder_in_channels=[16, 32, 64], decoder_in_channels=[32, 32, 32], encoder_hidden_dim=32, d_model=32,
+               encoder_ffn_dim=32,
+               decoder_ffn_dim=32, encoder_layers=1, decoder_layers=1, num_queries=100, num_denoising=0)
+SHAPED = {
+    # topk(num_queries) over the flattened maps of strides 8, 16, 32: 100 queries need a 96 x 96 image
+    # (144 + 36 + 9 tokens; 64 x 64 gives 84)
+    "detr_queries": (("RTDetrConfig", RT_DETR), "pixel_values float (2, 3, 96, 96)", 60),
+    # the waveform arrives as `hidden_states` (B, 1, T): main_input_name input_values is not a forward parameter
+    "renamed_main": (("VibeVoiceAcousticTokenizerEncoderConfig",
+                      dict(hidden_size=16, num_filters=4, depths=[1, 1, 1], downsampling_ratios=[2, 4])),
+                     "hidden_states float (2, 1, 3200)", 6),
+    # MiniCPM-V packs its images' patches in one row, split by target_sizes (2 merge windows of 2 a side)
+    "packed_patches": (("MiniCPMV4_7VisionConfig", dict(TEXT, image_size=32, patch_size=4, insert_layer_id=0)),
+                       "pixel_values float (1, 3, 4, 128), target_sizes int64 (2, 2)", 7),
+    # Siglip2 NaFlex: patch rows, their validity mask and each image's (h, w) in patches
+    "naflex": (("Siglip2VisionConfig", dict(TEXT, patch_size=4, num_patches=16)),
+               "pixel_values float (2, 16, 48), pixel_attention_mask int64 (2, 16), spatial_shapes int64 (2, 2)", 6),
+}
+
+
+@pytest.mark.parametrize("mechanism", sorted(SHAPED))
+def test_inputs_shaped_by_the_config_are_built_and_captured(mechanism, rules):
+    (config_cls, kw), expected, count = SHAPED[mechanism]
+    model = _auto_meta(config_cls, **kw).eval()
+    assert infer_hf_inputs(model)[1] == expected
+    report = audit_model(model, rules=rules, on_meta=True)
+    assert report.capture.complete and report.capture.method == "export", report.capture.attempts
+    # RT-DETR's frozen BatchNorms (buffers, no nn.BatchNorm2d) are norms too
+    norms = set(_norm_modules(model)) | {n for n, m in model.named_modules() if type(m).__name__.endswith("BatchNorm2d")}
+    graphed = sorted({s.module for s in report.sites if s.detected_by != "module_walk"})
+    assert graphed == sorted(norms) and len(norms) == count and report.capture.unaudited == []
+
+
+def test_two_stage_detr_without_strides_gets_enough_tokens_for_its_queries():
+    # Grounding DINO: 900 queries picked by topk over 4 levels of the backbone's strides 8, 16, 32 (and 64):
+    # 256 x 256 gives 1024 + 256 + 64 + 16 tokens, 192 x 192 only 765
+    from types import SimpleNamespace
+
+    from normaudit.target.inputs import _query_side
+
+    assert _query_side(SimpleNamespace(two_stage=True, num_queries=900, num_feature_levels=4)) == 256
+    assert _query_side(SimpleNamespace(two_stage=False, num_queries=900, num_feature_levels=4)) == 0
+    assert _query_side(SimpleNamespace(feat_strides=[8, 16, 32], num_queries=300, num_feature_levels=3)) == 128
+
+
+def test_temporal_patch_named_patch_temporal():
+    # MuseSpark's vision tower: patches of patch_temporal 2 frames, (B * 4 * 4, 3 * 2 * 14 * 14)
+    model = _auto_meta("MuseSparkVisionConfig", hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                       num_hidden_layers=1, patch_size=14, patch_temporal=2, merge_size=2)
+    assert infer_hf_inputs(model)[1] == "pixel_values float (32, 1176), grid_thw int64 (2, 3)"

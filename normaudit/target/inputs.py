@@ -102,10 +102,41 @@ def _image(config: Any) -> torch.Tensor:
     """``(B, C, H, W)``, or ``(B, T, C, H, W)`` for a video model (``num_frames`` in the config)."""
     channels = int(cfg_value(config, ("num_channels", "in_channels", "input_channels"), _VISION, 3))
     h, w = _pair(cfg_value(config, ("image_size", "input_size", "img_size"), _VISION, SIDE))
+    side = _query_side(config)
+    h, w = max(h, side), max(w, side)
     frames = cfg_value(config, ("num_frames",), _VISION)
     if isinstance(frames, int) and frames > 0:
         return torch.randn(BATCH, frames, channels, h, w)
     return torch.randn(BATCH, channels, h, w)
+
+
+#: strides of the backbone maps a two-stage DETR reads when its config names none (ResNet C3-C5, Swin
+#: stages 2-4: Deformable DETR, Grounding DINO)
+DETR_STRIDES = (8, 16, 32)
+
+
+def _query_side(config: Any) -> int:
+    """Smallest square side (a multiple of the coarsest stride) whose multi-scale feature maps hold at least
+    ``num_queries`` tokens, for a detector that picks its decoder queries by ``topk(num_queries)`` over the
+    encoder's flattened maps (RT-DETR, D-FINE, PP-DocLayout: ``feat_strides`` 8, 16, 32 and 300 queries need
+    128 x 128: 256 + 64 + 16 tokens; a ``two_stage`` DETR without ``feat_strides``: :data:`DETR_STRIDES`,
+    Grounding DINO's 900 queries over 4 levels need 256 x 256). Levels past ``feat_strides`` (``num_feature_levels``) each halve the
+    last map, as the models' extra stride-2 convolutions do. 0 when the config has no such keys."""
+    strides, queries = getattr(config, "feat_strides", None), getattr(config, "num_queries", None)
+    if strides is None and getattr(config, "two_stage", None) is True:
+        strides = DETR_STRIDES
+    if not (isinstance(strides, (list, tuple)) and strides and all(_is_int(s) for s in strides)
+            and _is_int(queries)):
+        return 0
+    strides = [int(s) for s in strides]
+    levels = getattr(config, "num_feature_levels", None)
+    while _is_int(levels) and len(strides) < levels:
+        strides.append(strides[-1] * 2)
+    step = max(strides)
+    side = step
+    while sum((-(-side // s)) ** 2 for s in strides) < queries and side < 4096:
+        side += step
+    return side
 
 
 #: frames of a video input when the config names none (InstructBLIP-Video's tests use 4)
@@ -199,12 +230,13 @@ def _samples(config: Any) -> int:
 
 
 def _patches(config: Any) -> Iterator[torch.Tensor]:
-    """Qwen2-VL-style flattened patches ``(B * g * g, C * temporal_patch * patch * patch)`` for a ``g x g``
+    """Qwen2-VL-style flattened patches ``(B * g * g, C * temporal_patch * patch * patch)`` (the temporal
+    patch is ``temporal_patch_size``, MuseSpark's ``patch_temporal``) for a ``g x g``
     patch grid per image (``g`` = 2 merge windows), with :func:`_grid` giving ``image_grid_thw``; then the
     same patches unflattened, ``(B * g * g, C, patch, patch)`` (Kimi-K2.5's tower convolves each patch)."""
     g = _grid_side(config)
     channels = int(cfg_value(config, ("in_channels", "num_channels"), _VISION, 3))
-    temporal = int(cfg_value(config, ("temporal_patch_size",), _VISION, 1))
+    temporal = int(cfg_value(config, ("temporal_patch_size", "patch_temporal"), _VISION, 1))
     patch = int(cfg_value(config, ("patch_size",), _VISION, 14))
     yield torch.randn(BATCH * g * g, channels * temporal * patch * patch)
     if temporal == 1:
@@ -224,6 +256,31 @@ def _merge_sizes(config: Any) -> torch.Tensor:
     """VideoLLaMA3-style ``merge_sizes``: one spatial merge size per image of :func:`_grid`."""
     merge = int(cfg_value(config, ("spatial_merge_size", "merge_size"), _VISION, 1))
     return torch.tensor([merge] * BATCH, dtype=torch.int64)
+
+
+def _packed_grid_side(config: Any) -> int:
+    """Side of each image's patch grid in :func:`_packed_patches`: two merge windows
+    (``window_kernel_size``, MiniCPM-V's ViT merger), else 4."""
+    window = cfg_value(config, ("window_kernel_size",), _VISION)
+    if isinstance(window, (list, tuple)) and window and all(_is_int(w) for w in window):
+        return 2 * max(int(w) for w in window)
+    return 2 * int(window) if _is_int(window) else 4
+
+
+def _packed_patches(config: Any) -> Iterator[torch.Tensor]:
+    """NaViT-style packed images (MiniCPM-V): the patches of :data:`BATCH` images of ``g x g`` patches
+    (:func:`_packed_grid_side`) laid side by side in one row, ``(1, C, patch, B * g * g * patch)``; the
+    tower's patch convolution gives one token per patch, split into images by ``target_sizes``."""
+    g = _packed_grid_side(config)
+    channels = int(cfg_value(config, ("num_channels", "in_channels"), _VISION, 3))
+    patch = int(cfg_value(config, ("patch_size",), _VISION, 14))
+    yield torch.randn(1, channels, patch, BATCH * g * g * patch)
+
+
+def _target_sizes(config: Any) -> torch.Tensor:
+    """``target_sizes`` ``(B, 2)``: the (height, width) in patches of each image of :func:`_packed_patches`."""
+    g = _packed_grid_side(config)
+    return torch.tensor([[g, g]] * BATCH, dtype=torch.int64)
 
 
 def _position_grid_side(config: Any) -> int:
@@ -247,6 +304,19 @@ def _patch_positions(config: Any) -> Iterator[torch.Tensor]:
     ys, xs = torch.meshgrid(torch.arange(g), torch.arange(g), indexing="ij")
     grid = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)
     yield grid.unsqueeze(0).expand(BATCH, -1, -1).contiguous()
+
+
+def _patch_mask(config: Any) -> Iterator[torch.Tensor]:
+    """``pixel_attention_mask`` ``(B, g * g)`` over the patch rows of :func:`_patch_rows`: every patch
+    valid (int64 ones, as Siglip2's image processor gives)."""
+    g = _position_grid_side(config)
+    yield torch.ones(BATCH, g * g, dtype=torch.int64)
+
+
+def _spatial_shapes(config: Any) -> Iterator[torch.Tensor]:
+    """``spatial_shapes`` ``(B, 2)``: the (height, width) in patches of each image of :func:`_patch_rows`."""
+    g = _position_grid_side(config)
+    yield torch.tensor([[g, g]] * BATCH, dtype=torch.int64)
 
 
 def _mel_frames(config: Any) -> Iterator[torch.Tensor]:
@@ -339,6 +409,11 @@ VARIANTS: dict[str, dict[str, Callable[[Any], Iterator[torch.Tensor]]]] = {
     "image_grid_thw": {"pixel_values": _patches, "image_grid_thw": _one(_grid)},
     # Gemma 4's vision tower: patch rows with their (x, y) positions
     "pixel_position_ids": {"pixel_values": _patch_rows, "pixel_position_ids": _patch_positions},
+    # NaFlex patch rows with their validity mask and each image's patch grid (Siglip2)
+    "spatial_shapes": {"pixel_values": _patch_rows, "pixel_attention_mask": _patch_mask,
+                       "spatial_shapes": _spatial_shapes},
+    # NaViT-style packed patches with each image's patch grid (MiniCPM-V)
+    "target_sizes": {"pixel_values": _packed_patches, "target_sizes": _one(_target_sizes)},
     # vision towers of patch-list VLMs called alone: ``forward(pixel_values | hidden_states, grid_thw)``
     "grid_thw": {"pixel_values": _patches, "hidden_states": _patches, "grid_thw": _one(_grid),
                  "merge_sizes": _one(_merge_sizes)},
@@ -365,6 +440,19 @@ def _with_suffix_builders(params: dict[str, inspect.Parameter],
         kind = next((k for end, k in SUFFIX_BUILDERS if name.endswith(end) and k in builders), None)
         if kind is not None:
             builders[name] = builders[kind]
+
+
+def _with_renamed_main(model: nn.Module, params: dict[str, inspect.Parameter],
+                       builders: dict[str, Callable[[Any], Iterator[torch.Tensor]]]) -> None:
+    """When ``forward`` does not name ``main_input_name`` and no required parameter has a builder, give the
+    first required parameter the builder of the main input, in place: VibeVoice's acoustic tokenizer
+    encoder declares ``input_values`` but its forward takes the waveform as ``hidden_states`` ``(B, 1, T)``.
+    Not for an ``input_ids`` main input (the name towers inherit from ``PreTrainedModel`` whatever they take)."""
+    main, required = getattr(model, "main_input_name", None), _required(params)
+    if (main in _named(params) or main == "input_ids" or main not in builders or not required
+            or any(n in builders for n in required)):
+        return
+    builders[required[0]] = builders[main]
 
 
 def _forward_params(model: Any) -> dict[str, inspect.Parameter]:
@@ -448,6 +536,7 @@ def infer_hf_inputs(model: nn.Module) -> Optional[tuple[Any, str]]:
         if key in params:
             builders.update(variant)
     _with_suffix_builders(params, builders)
+    _with_renamed_main(model, params, builders)
     names = _wanted(model, config, params, builders)
     if not names:
         return None
@@ -509,7 +598,8 @@ def _with_masks(params: dict[str, inspect.Parameter], combo: dict[str, torch.Ten
 
 #: inputs of the other towers of a multimodal model, left out by :func:`main_tower_inputs`
 _TOWER_INPUTS = ("pixel_values", "pixel_values_videos", "input_features", "input_values", "image_grid_thw",
-                 "video_grid_thw", "grid_thw", "merge_sizes", "audio_mel")
+                 "video_grid_thw", "grid_thw", "merge_sizes", "audio_mel", "target_sizes",
+                 "spatial_shapes", "pixel_attention_mask")
 
 
 def main_tower_inputs(model: nn.Module, kwargs: dict[str, Any]) -> Optional[dict[str, Any]]:
