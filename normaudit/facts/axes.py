@@ -804,7 +804,8 @@ def _parameter_size(user: fx.Node, src: fx.Node, cap: Capture, params: set) -> O
 
 def _transfer(node: fx.Node, cap: Capture, env: dict, params: Optional[set] = None) -> Any:
     """Labels of one non-placeholder node from the labels of its inputs (``params``: the nodes holding
-    parameters and buffers)."""
+    parameters and buffers): getitem, several outputs, dense layers, writes into a buffer, layout ops,
+    reductions and joins, else element-wise broadcasting (:func:`_fallback`)."""
     name = op_name(node)
     out_shape = shape(node)
     if name in ("get_attr", "output"):
@@ -820,51 +821,83 @@ def _transfer(node: fx.Node, cap: Capture, env: dict, params: Optional[set] = No
     if name == "module":
         return _module_dims(node, cap.modules.get(str(node.target)), x, env)
     if name == "getitem":
-        src, idx = node.args[0], node.args[1]
-        base = env.get(src)
-        if isinstance(base, tuple) and isinstance(idx, int):
-            return base[idx] if -len(base) <= idx < len(base) else None
-        if isinstance(base, list) and out_shape is not None and shape(src) is not None:
-            return _index(base, idx, out_shape)
-        return _unknowns(out_shape) if out_shape is not None else _tensor_unknowns(val(node))
-
+        return _getitem_dims(node, env, out_shape)
     if out_shape is None:  # several outputs
-        v = val(node)
-        if not isinstance(v, (tuple, list)):
-            return None
-        if x is not None and (name in _SPLIT_OPS or raw in _SPLIT_OPS):
-            return tuple(_same(x, tuple(t.shape)) if isinstance(t, torch.Tensor) and t.dim() == len(x)
-                         else _tensor_unknowns(t) for t in v)
-        if x is not None and raw in ("unbind", "unstack"):
-            d = int(arg(node, 1, "dim", 0)) % len(x)
-            rest = x[:d] + x[d + 1:]
-            return tuple(_same(rest, tuple(t.shape)) if isinstance(t, torch.Tensor) and t.dim() == len(rest)
-                         else _tensor_unknowns(t) for t in v)
-        if x is not None and name in _NORM_TUPLE_OPS:
-            first = list(x) if isinstance(v[0], torch.Tensor) and tuple(v[0].shape) == tuple(in_shape or ()) \
-                else _tensor_unknowns(v[0])
-            return (first,) + tuple(_tensor_unknowns(t) for t in v[1:])
-        if x is not None and raw in ("max", "min", "sort", "topk", "kthvalue", "mode", "median", "var_mean",
-                                     "std_mean", "aminmax", "cummax", "cummin"):
-            red = reduction(node)
-            outs = []
-            for t in v:
-                if not isinstance(t, torch.Tensor):
-                    outs.append(None)
-                elif t.dim() == len(x):
-                    outs.append(_same(x, tuple(t.shape)) if red is None or red.keepdim
-                                else [_unk(s) for s in t.shape])
-                elif red is not None and t.dim() == len(x) - len(red.dims):
-                    outs.append(_same([d for k, d in enumerate(x) if k not in red.dims], tuple(t.shape)))
-                elif t.dim() == len(x) - 1 and isinstance(arg(node, 1, "dim", None), int):
-                    d = int(arg(node, 1, "dim")) % len(x)
-                    outs.append(_same(x[:d] + x[d + 1:], tuple(t.shape)))
-                else:
-                    outs.append(_tensor_unknowns(t))
-            return tuple(outs)
-        return tuple(_same(x, tuple(t.shape)) if x is not None and isinstance(t, torch.Tensor)
-                     and tuple(t.shape) == tuple(in_shape or ()) else _tensor_unknowns(t) for t in v)
+        return _multi_output_dims(node, name, raw, x, in_shape)
+    dims = _dense_dims(node, name, raw, ins, x, in_shape, out_shape, env)
+    if dims is not None:
+        return dims
+    if raw.rstrip("_") in _WRITE_INTO and ins and tuple(in_shape or ()) == tuple(out_shape):
+        return _write_into(node, ins, env, out_shape)
+    if x is None:
+        return _fallback(node, env, params)
+    dims = _layout_dims(node, name, raw, x, out_shape, cap, params)
+    if dims is None:
+        dims = _reduced_or_joined_dims(node, name, raw, x, in_shape, out_shape, env)
+    return dims if dims is not None else _fallback(node, env, params)
 
+
+def _getitem_dims(node: fx.Node, env: dict, out_shape: Optional[Sequence[int]]) -> Any:
+    """Labels of ``x[idx]``: an element of a tuple output, or an indexed tensor (:func:`_index`)."""
+    src, idx = node.args[0], node.args[1]
+    base = env.get(src)
+    if isinstance(base, tuple) and isinstance(idx, int):
+        return base[idx] if -len(base) <= idx < len(base) else None
+    if isinstance(base, list) and out_shape is not None and shape(src) is not None:
+        return _index(base, idx, out_shape)
+    return _unknowns(out_shape) if out_shape is not None else _tensor_unknowns(val(node))
+
+
+def _multi_output_dims(node: fx.Node, name: str, raw: str, x: Optional[list[Dim]],
+                       in_shape: Optional[Sequence[int]]) -> Any:
+    """Labels of an op with several outputs (a tuple of dims lists): split/chunk, unbind, the fused norms'
+    (output, mean, rstd), reductions returning values and indices, else outputs shaped like the input."""
+    v = val(node)
+    if not isinstance(v, (tuple, list)):
+        return None
+    if x is not None and (name in _SPLIT_OPS or raw in _SPLIT_OPS):
+        return tuple(_same(x, tuple(t.shape)) if isinstance(t, torch.Tensor) and t.dim() == len(x)
+                     else _tensor_unknowns(t) for t in v)
+    if x is not None and raw in ("unbind", "unstack"):
+        d = int(arg(node, 1, "dim", 0)) % len(x)
+        rest = x[:d] + x[d + 1:]
+        return tuple(_same(rest, tuple(t.shape)) if isinstance(t, torch.Tensor) and t.dim() == len(rest)
+                     else _tensor_unknowns(t) for t in v)
+    if x is not None and name in _NORM_TUPLE_OPS:
+        first = list(x) if isinstance(v[0], torch.Tensor) and tuple(v[0].shape) == tuple(in_shape or ()) \
+            else _tensor_unknowns(v[0])
+        return (first,) + tuple(_tensor_unknowns(t) for t in v[1:])
+    if x is not None and raw in ("max", "min", "sort", "topk", "kthvalue", "mode", "median", "var_mean",
+                                 "std_mean", "aminmax", "cummax", "cummin"):
+        return _reduced_outputs(node, x, v)
+    return tuple(_same(x, tuple(t.shape)) if x is not None and isinstance(t, torch.Tensor)
+                 and tuple(t.shape) == tuple(in_shape or ()) else _tensor_unknowns(t) for t in v)
+
+
+def _reduced_outputs(node: fx.Node, x: list[Dim], v: Sequence[Any]) -> tuple:
+    """Labels of the outputs of ``max``/``min``/``sort``/``topk``/``var_mean``... along some dims of ``x``."""
+    red = reduction(node)
+    outs = []
+    for t in v:
+        if not isinstance(t, torch.Tensor):
+            outs.append(None)
+        elif t.dim() == len(x):
+            outs.append(_same(x, tuple(t.shape)) if red is None or red.keepdim
+                        else [_unk(s) for s in t.shape])
+        elif red is not None and t.dim() == len(x) - len(red.dims):
+            outs.append(_same([d for k, d in enumerate(x) if k not in red.dims], tuple(t.shape)))
+        elif t.dim() == len(x) - 1 and isinstance(arg(node, 1, "dim", None), int):
+            d = int(arg(node, 1, "dim")) % len(x)
+            outs.append(_same(x[:d] + x[d + 1:], tuple(t.shape)))
+        else:
+            outs.append(_tensor_unknowns(t))
+    return tuple(outs)
+
+
+def _dense_dims(node: fx.Node, name: str, raw: str, ins: list, x: Optional[list[Dim]],
+                in_shape: Optional[Sequence[int]], out_shape: Sequence[int], env: dict) -> Optional[list[Dim]]:
+    """Labels of casts and copies, linear/matmul/einsum, embedding, convolution and attention; None for any
+    other op (or when their operands' labels are missing)."""
     if name in ("to", "alias", "dropout") or raw in ("contiguous", "clone", "detach", "requires_grad_",
                                                        "zeros_like", "ones_like", "empty_like", "full_like",
                                                        "rand_like", "randn_like", "new_empty", "lift_fresh"):
@@ -906,11 +939,13 @@ def _transfer(node: fx.Node, cap: Capture, env: dict, params: Optional[set] = No
         last = vl[-1] if isinstance(vl, list) and vl else _dim("feature", out_shape[-1])
         if len(x) == len(out_shape):
             return _same(x[:-1], out_shape[:-1]) + [_resize(last, out_shape[-1])]
-    if raw.rstrip("_") in _WRITE_INTO and ins and out_shape is not None and tuple(in_shape or ()) == tuple(out_shape):
-        return _write_into(node, ins, env, out_shape)
-    if x is None:
-        return _fallback(node, env, params)
+    return None
 
+
+def _layout_dims(node: fx.Node, name: str, raw: str, x: list[Dim], out_shape: Sequence[int], cap: Capture,
+                 params: Optional[set]) -> Optional[list[Dim]]:
+    """Labels after permute/transpose/movedim, view/reshape/flatten/squeeze, unsqueeze, expand, select and
+    diagonal of a labelled input ``x``; None for any other op."""
     rank = len(x)
     if name == "permute" or raw == "permute":
         dims = _dims_arg(node, 1, "dims")
@@ -958,6 +993,14 @@ def _transfer(node: fx.Node, cap: Capture, env: dict, params: Optional[set] = No
         return _same([d for k, d in enumerate(x) if k not in (d1, d2)], out_shape[:-1]) + [_unk(out_shape[-1])]
     if raw in ("diagonal", "unfold", "as_strided", "stride"):
         return _unknowns(out_shape)
+    return None
+
+
+def _reduced_or_joined_dims(node: fx.Node, name: str, raw: str, x: list[Dim], in_shape: Optional[Sequence[int]],
+                            out_shape: Sequence[int], env: dict) -> Optional[list[Dim]]:
+    """Labels after a reduction, an arg-reduction, cat/stack, or an op that keeps the layout at other sizes
+    (slicing, padding, pooling); None for any other op."""
+    rank = len(x)
     red = reduction(node)
     if red is not None:
         if red.keepdim or len(out_shape) == rank:
@@ -994,7 +1037,7 @@ def _transfer(node: fx.Node, cap: Capture, env: dict, params: Optional[set] = No
             name in ("slice", "narrow", "index", "index_select", "gather", "pad", "constant_pad_nd", "repeat",
                      "tile", "roll") or _LAYOUT_KEEPING.search(raw)):
         return _same(x, out_shape)
-    return _fallback(node, env, params)
+    return None
 
 
 # --------------------------------------------------------------------------------------------- the pass
