@@ -293,3 +293,11 @@ def test_tower_widths_tied_to_the_text_width_stay_tied():
                                                       "patch_dim": 14}})
     assert (d["text_config"]["hidden_size"], d["vision_config"]["hidden_size"],
             d["vision_config"]["adapter_out_dim"], d["vision_config"]["patch_dim"]) == (64, 64, 64, 14)
+
+
+def test_out_features_that_are_not_stage_names_are_left_alone():
+    # backbones name their output stages; EfficientLoFTR's out_features (list[int], strictly typed) are widths
+    assert targets.shrink_config_dict({"num_hidden_layers": 4, "out_features": ["stage1", "stage4"]})[
+        "out_features"] == ["stage2"]
+    assert targets.shrink_config_dict({"num_hidden_layers": 4, "out_features": [64, 64, 128]})[
+        "out_features"] == [64, 64, 128]

@@ -97,8 +97,8 @@ def _fit_layer_indices(d: dict[str, Any]) -> None:
         d["per_layer_config"] = {k: v for k, v in d["per_layer_config"].items() if int(k) < LAYERS}
     if isinstance(d.get("out_indices"), list):
         d["out_indices"] = [LAYERS]
-    if isinstance(d.get("out_features"), list):
-        d["out_features"] = [f"stage{LAYERS}"]
+    if isinstance(d.get("out_features"), list) and all(isinstance(v, str) for v in d["out_features"]):
+        d["out_features"] = [f"stage{LAYERS}"]  # stage names; EfficientLoFTR's out_features are widths
     for key in ("vision_feature_layer", "vision_feature_layers", "feature_layer"):
         value = d.get(key)
         if _is_int(value) and value >= LAYERS:
