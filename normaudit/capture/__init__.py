@@ -14,6 +14,7 @@ import contextlib
 import copy
 import io
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -46,6 +47,8 @@ class Capture:
     #: eager forward that recorded the parts' inputs
     parts: list = field(default_factory=list)
     parts_error: Optional[str] = None
+    #: the integer and bool buffers' values (:func:`integer_buffers`), for the parts' captures
+    buffer_values: dict = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -91,14 +94,17 @@ class _Flatten(nn.Module):
     -> ``lengths.tolist()`` split sizes, image-token counts, ``len(set(ids))``) specialises on them instead
     of failing on a data-dependent size. The free positional inputs fill the other positions, in order."""
 
-    def __init__(self, model: nn.Module, fixed: Optional[dict[Any, torch.Tensor]] = None):
+    def __init__(self, model: nn.Module, fixed: Optional[dict[Any, torch.Tensor]] = None,
+                 buffers: Optional[dict[str, dict[str, torch.Tensor]]] = None):
         super().__init__()
         self.m = model
         self.fixed = {k: (t.tolist(), t.dtype) for k, t in (fixed or {}).items()}
+        self.consts = _BufferConstants(buffers or {})
 
     def forward(self, *args, **kwargs):
-        if not self.fixed:
+        if not self.fixed and not self.consts.values:
             return tuple(_tensor_leaves(self.m(*args, **kwargs)))
+        self.consts(self.m)
         lifted = {k: torch.tensor(values, dtype=dtype) for k, (values, dtype) in self.fixed.items()}
         free = iter(args)
         n = len(args) + sum(isinstance(k, int) for k in lifted)
@@ -106,6 +112,110 @@ class _Flatten(nn.Module):
         kwargs = {**{k: v for k, v in lifted.items() if isinstance(k, str)}, **kwargs}
         with _LiftedFactories():
             return tuple(_tensor_leaves(self.m(*args, **kwargs)))
+
+
+class _BufferConstants(nn.Module):
+    """The model's integer and bool buffers as constants (:func:`integer_buffers`, ``{module path: {name: real
+    tensor}}``): called inside the traced forward, it sets each one, re-made from its values
+    (``torch.tensor(values)``, a lift), as a plain attribute of its module, whose registered buffer
+    :func:`_buffers_as_constants` has taken out meanwhile. A forward that reads a buffer as a size (Mimi's
+    and EnCodec's ``padding_total``/``stride``/``kernel_size`` in ``F.pad``) then specialises on its value
+    instead of failing on a data-dependent guard. Being a child module of :class:`_Flatten`, its lifted
+    constants are named ``consts.lifted_tensor_N``: not model inputs."""
+
+    def __init__(self, values: dict[str, dict[str, torch.Tensor]]):
+        super().__init__()
+        self.values = {path: {name: (t.tolist(), t.dtype) for name, t in named.items()}
+                       for path, named in values.items() if named}
+
+    def forward(self, model: nn.Module) -> None:
+        for path, named in self.values.items():
+            mod = model.get_submodule(path)
+            for name, (values, dtype) in named.items():
+                object.__setattr__(mod, name, torch.tensor(values, dtype=dtype))
+
+
+@contextlib.contextmanager
+def _buffers_as_constants(model: nn.Module, buffers: dict[str, dict[str, torch.Tensor]]):
+    """Take the registered buffers named in ``buffers`` out of their modules meanwhile (export lifts every
+    registered buffer as a fake graph input, whose values are unknown), for :class:`_BufferConstants` to
+    set as constants; afterwards each module's buffers are as before, in their order, and the plain
+    attributes are gone."""
+    saved = []
+    try:
+        for path, named in buffers.items():
+            mod = model.get_submodule(path)
+            saved.append((mod, dict(mod._buffers)))
+            for name in named:
+                mod._buffers.pop(name, None)
+        yield
+    finally:
+        for mod, table in saved:
+            for name in table:
+                mod.__dict__.pop(name, None)
+            mod._buffers.clear()
+            mod._buffers.update(table)
+
+
+def _is_value_buffer(t: Any) -> bool:
+    """An integer or bool buffer small enough to be a constant (counts, strides, paddings, positions)."""
+    return (isinstance(t, torch.Tensor) and not t.is_floating_point() and not t.is_complex()
+            and t.numel() <= CONSTANT_PROPAGATION_LIMIT)
+
+
+def integer_buffers(model: nn.Module, on_meta: bool) -> dict[str, dict[str, torch.Tensor]]:
+    """The values of the integer and bool buffers of ``model`` (``{module path: {name: real CPU tensor}}``),
+    for the retry of export that passes them as constants (:class:`_BufferConstants`).
+
+    A real buffer gives its own value (cloned). A buffer on the meta device (a model built under
+    ``torch.device("meta")``) has none: for a Hugging Face model its value is what the library itself gives
+    a non-persistent buffer after building on meta (``PreTrainedModel._initialize_missing_keys`` moves it
+    off meta and runs ``_init_weights`` on its module): the ``_init_weights`` of the nearest enclosing
+    ``PreTrainedModel`` is run on the module with the buffer made real, twice, from two different fills;
+    a value that depends on the fill (not set by ``_init_weights``) stays unknown. Fake buffers and those
+    above :data:`CONSTANT_PROPAGATION_LIMIT` elements are left out. Never raises."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    owners: dict[str, Any] = {}
+    for path, mod in model.named_modules():
+        if callable(getattr(mod, "_init_weights", None)) and getattr(mod, "config", None) is not None:
+            owners[path] = mod
+        names = [n for n, t in mod._buffers.items() if _is_value_buffer(t) and not isinstance(t, FakeTensor)]
+        real = {n: mod._buffers[n].detach().clone().cpu() for n in names if mod._buffers[n].device.type != "meta"}
+        meta = [n for n in names if n not in real]
+        if meta and on_meta:
+            owner = next((owners[p] for p in sorted(owners, key=len, reverse=True)
+                          if p == "" or path == p or path.startswith(p + ".")), None)
+            real.update(_initialised_values(owner, mod, meta) if owner is not None else {})
+        if real:
+            out[path] = real
+    return out
+
+
+def _initialised_values(owner: nn.Module, mod: nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
+    """``owner._init_weights(mod)`` run with the meta buffers ``names`` of ``mod`` made real, once filled with
+    0 and once with 1: the values of the buffers it set (the same in both runs); the meta buffers are put
+    back. The module's meta parameters are initialised on meta (no storage)."""
+    saved = dict(mod._buffers)
+    runs = []
+    try:
+        for fill in (0, 1):
+            for n in names:
+                t = saved[n]
+                mod._buffers[n] = torch.full(tuple(t.shape), fill, dtype=t.dtype, device="cpu")
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                owner._init_weights(mod)
+            runs.append({n: mod._buffers[n] for n in names})
+    except Exception:  # noqa: BLE001 - an init that cannot run here: the values stay unknown
+        return {}
+    finally:
+        mod._buffers.clear()
+        mod._buffers.update(saved)
+    return {n: runs[0][n].detach().clone() for n in names
+            if isinstance(runs[0][n], torch.Tensor) and runs[0][n].device.type == "cpu"
+            and torch.equal(runs[0][n], runs[1][n])}
 
 
 class _LiftedFactories(torch.overrides.TorchFunctionMode):
@@ -270,11 +380,13 @@ def _meta_val(tm: Any, mode: FakeTensorMode) -> Any:
 
 
 def _export(model: nn.Module, args: Any, mode: FakeTensorMode, kwargs: Optional[dict[str, Any]] = None,
-            fixed: Optional[dict[Any, torch.Tensor]] = None) -> tuple[fx.GraphModule, list[str]]:
+            fixed: Optional[dict[Any, torch.Tensor]] = None,
+            buffers: Optional[dict[str, dict[str, torch.Tensor]]] = None) -> tuple[fx.GraphModule, list[str]]:
     """``torch.export.export(strict=False)`` of ``model`` on fake ``args``/``kwargs``; returns the graph
     module and the placeholder names of the user inputs. ``fixed`` (:class:`_Flatten`): inputs passed as
     constants, left out of ``args``/``kwargs`` here; their lifted-constant placeholders count as user inputs
-    (activations, not parameters)."""
+    (activations, not parameters). ``buffers`` (:func:`integer_buffers`): integer buffers passed as
+    constants (:class:`_BufferConstants`)."""
     from normaudit.target.inputs import _forward_params, forward_kwargs
 
     fixed = dict(fixed or {})
@@ -289,11 +401,12 @@ def _export(model: nn.Module, args: Any, mode: FakeTensorMode, kwargs: Optional[
     if injected:  # a forward taking **kwargs may hand them to a cache-building child
         kwargs["use_cache"] = False
     try:
-        ep = _export_flat(model, args, kwargs, mode, fixed)
+        ep = _export_flat(model, args, kwargs, mode, fixed, buffers)
     except TypeError as exc:  # that forward passes its own use_cache to the child besides **kwargs (Mimi)
         if not injected or "multiple values for keyword argument 'use_cache'" not in str(exc):
             raise
-        ep = _export_flat(model, args, {k: v for k, v in kwargs.items() if k != "use_cache"}, mode, fixed)
+        ep = _export_flat(model, args, {k: v for k, v in kwargs.items() if k != "use_cache"}, mode, fixed,
+                          buffers)
     from torch.export.graph_signature import InputKind
 
     def is_input(spec: Any) -> bool:  # a constant lifted by _Flatten itself (no module path): a fixed input;
@@ -309,11 +422,15 @@ def _export(model: nn.Module, args: Any, mode: FakeTensorMode, kwargs: Optional[
 
 
 def _export_flat(model: nn.Module, args: tuple, kwargs: dict[str, Any], mode: FakeTensorMode,
-                 fixed: dict[Any, torch.Tensor]) -> Any:
+                 fixed: dict[Any, torch.Tensor], buffers: Optional[dict[str, dict[str, torch.Tensor]]] = None) -> Any:
     """``torch.export.export(strict=False)`` of :class:`_Flatten` around ``model`` under ``mode``, with the
-    example's integer inputs ``fixed`` as constants (:func:`_constant_propagation`) when there are any."""
-    with mode, no_value_checks(), (_constant_propagation() if fixed else contextlib.nullcontext()):
-        return torch.export.export(_Flatten(model, fixed), args, kwargs, strict=False)
+    example's integer inputs ``fixed`` and the integer ``buffers`` as constants (:func:`_constant_propagation`)
+    when there are any."""
+    buffers = buffers or {}
+    constants = bool(fixed) or bool(buffers)
+    with mode, no_value_checks(), (_constant_propagation() if constants else contextlib.nullcontext()), \
+            _buffers_as_constants(model, buffers):
+        return torch.export.export(_Flatten(model, fixed, buffers), args, kwargs, strict=False)
 
 
 def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dtype = torch.float32,
@@ -333,6 +450,7 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
         model = copy.deepcopy(model)  # the caller's real weights stay untouched
     if dtype != torch.float32:
         model.to(dtype)  # on meta or on the private copy, before fake tensors replace the storage
+    buffers = integer_buffers(model, on_meta) if not _is_fake(model) else {}
     with mode:
         if on_meta:
             _materialize_fake_(model, mode)
@@ -345,7 +463,7 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
     # Per-module modes, restored after an eval-mode retry: a BatchNorm the user froze with .eval() inside
     # a training model must still read as frozen.
     modes = {name: m.training for name, m in modules.items()}
-    found, train_error = _try_methods(model, fake_args, inputs, mode, methods, attempts)
+    found, train_error = _try_methods(model, fake_args, inputs, mode, methods, attempts, buffers=buffers)
     if found is None and isinstance(inputs, dict):
         from normaudit.target.inputs import main_tower_inputs
 
@@ -353,28 +471,29 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
         if fewer is not None:
             _restore_modes(modules, modes)
             found, _ = _try_methods(model, fake_inputs(fewer, mode, dtype), fewer, mode, ("export",), attempts,
-                                    " (main tower's inputs only)")
+                                    " (main tower's inputs only)", buffers)
     _restore_modes(modules, modes)
     if found is not None:
         gm, user, method, train_pass = found
         cap = Capture(gm=gm, method=method, attempts=attempts, root=model, modules=modules,
                       user_inputs=user, eval_fallback=not train_pass and was_training,
-                      train_error=train_error if not train_pass else None)
+                      train_error=train_error if not train_pass else None, buffer_values=buffers)
         if parts_fallback:
             from normaudit.capture.parts import capture_unreached
 
             with _quiet():
                 cap.parts = capture_unreached(cap, mode, dtype)
         return cap
-    parts, parts_error = (_capture_parts(model, fake_args, mode, modules, inputs) if parts_fallback
+    parts, parts_error = (_capture_parts(model, fake_args, mode, modules, inputs, buffers) if parts_fallback
                           else ([], None))
     _restore_modes(modules, modes)
     return Capture(gm=None, method="module_walk", attempts=attempts, root=model, modules=modules,
-                   train_error=train_error, parts=parts, parts_error=parts_error)
+                   train_error=train_error, parts=parts, parts_error=parts_error, buffer_values=buffers)
 
 
 def _try_methods(model: nn.Module, fake_args: Any, inputs: Any, mode: FakeTensorMode, methods: tuple[str, ...],
-                 attempts: list[CaptureAttempt], note: str = "") -> tuple[Optional[tuple], Optional[str]]:
+                 attempts: list[CaptureAttempt], note: str = "",
+                 buffers: Optional[dict[str, dict[str, torch.Tensor]]] = None) -> tuple[Optional[tuple], Optional[str]]:
     """Run the capture methods (:func:`_plan`) in the model's own mode, then in eval mode when it was
     training; each attempt is appended to ``attempts`` (labelled with ``note``). Returns ``((gm,
     user_inputs, method, train_pass) or None, the first error in training mode)``; the model is left in
@@ -384,48 +503,67 @@ def _try_methods(model: nn.Module, fake_args: Any, inputs: Any, mode: FakeTensor
     for train_pass in ([True, False] if was_training else [False]):
         if not train_pass:
             model.eval()
-        for method, fixed in _plan(methods, fake_args, inputs):
-            if fixed and not data_dependent((attempts[-1].error if attempts else None) or ""):
+        guarded = False  # the plain export of this pass failed on a data-dependent size
+        for method, fixed, consts in _plan(methods, fake_args, inputs, buffers or {}):
+            if (fixed or consts) and not guarded:
                 continue  # constants only where export failed on a data-dependent size
             t0 = time.perf_counter()
-            label = (f"{method} (integer inputs as constants)" if fixed else method) + note
+            label = _label(method, fixed, consts) + note
             label = label if train_pass == was_training else f"{label} (eval)"
             try:
                 with _quiet():
                     if method == "symbolic_trace":
                         gm, user = _symbolic_trace(model, fake_args, mode)
                     else:
-                        gm, user = _export(model, fake_args, mode, fixed=fixed)
+                        gm, user = _export(model, fake_args, mode, fixed=fixed, buffers=consts)
             except Exception as exc:  # noqa: BLE001 - any failure moves on to the next method
-                attempts.append(CaptureAttempt(method=label, ok=False, error=_one_line(_root_cause(exc)),
+                error = _one_line(_root_cause(exc))
+                attempts.append(CaptureAttempt(method=label, ok=False, error=error,
                                                seconds=round(time.perf_counter() - t0, 3)))
+                guarded = guarded or (method == "export" and not fixed and not consts and data_dependent(error))
                 if train_pass and train_error is None:
-                    train_error = _one_line(_root_cause(exc))
+                    train_error = error
                 continue
             attempts.append(CaptureAttempt(method=label, ok=True, seconds=round(time.perf_counter() - t0, 3)))
             return (gm, user, method, train_pass), train_error
     return None, train_error
 
 
-def _plan(methods: tuple[str, ...], fake_args: Any, inputs: Any) -> list[tuple[str, dict]]:
-    """The capture attempts of one pass: ``(method, constants)``; ``symbolic_trace`` only for positional
-    inputs; ``export`` then, when the example has real integer inputs, ``export`` again with them as
-    constants (:func:`constant_inputs`; run only after a data-dependent failure)."""
-    plan: list[tuple[str, dict]] = []
+def _label(method: str, fixed: dict, consts: dict) -> str:
+    """The attempt's name: the method, and what it passed as constants."""
+    if fixed and consts:
+        return f"{method} (integer inputs and buffers as constants)"
+    if fixed or consts:
+        return f"{method} (integer {'inputs' if fixed else 'buffers'} as constants)"
+    return method
+
+
+def _plan(methods: tuple[str, ...], fake_args: Any, inputs: Any,
+          buffers: dict[str, dict[str, torch.Tensor]]) -> list[tuple[str, dict, dict]]:
+    """The capture attempts of one pass: ``(method, constant inputs, constant buffers)``; ``symbolic_trace``
+    only for positional inputs; ``export``; then, run only after a data-dependent failure of that export,
+    ``export`` with the example's real integer inputs as constants (:func:`constant_inputs`), when it has
+    some, and ``export`` with those and the model's integer buffers as constants (:func:`integer_buffers`),
+    when it has some."""
+    plan: list[tuple[str, dict, dict]] = []
     for method in methods:
         if method == "symbolic_trace" and isinstance(fake_args, dict):
             continue
-        plan.append((method, {}))
-        fixed = constant_inputs(fake_args, inputs) if method == "export" else {}
+        plan.append((method, {}, {}))
+        if method != "export":
+            continue
+        fixed = constant_inputs(fake_args, inputs)
         if fixed:
-            plan.append((method, fixed))
+            plan.append((method, fixed, {}))
+        if buffers:
+            plan.append((method, fixed, buffers))
     return plan
 
 
 def _capture_parts(model: nn.Module, fake_args: Any, mode: FakeTensorMode, modules: dict[str, nn.Module],
-                   real_inputs: Any = None) -> tuple[list, Optional[str]]:
+                   real_inputs: Any = None, buffers: Optional[dict] = None) -> tuple[list, Optional[str]]:
     """:func:`normaudit.capture.parts.capture_parts` over the norm modules ``walk_modules`` finds
-    (``real_inputs``: the example inputs ``fake_args`` were made from)."""
+    (``real_inputs``: the example inputs ``fake_args`` were made from; ``buffers``: :func:`integer_buffers`)."""
     from normaudit.capture.parts import capture_parts
     from normaudit.facts.sites import walk_modules
     from normaudit.target.inputs import _forward_params, forward_kwargs
@@ -435,7 +573,7 @@ def _capture_parts(model: nn.Module, fake_args: Any, mode: FakeTensorMode, modul
         return [], None
     extra = forward_kwargs(_forward_params(model)) if isinstance(fake_args, dict) else {}
     with _quiet():
-        return capture_parts(model, fake_args, mode, norm_paths, extra, real_inputs)
+        return capture_parts(model, fake_args, mode, norm_paths, extra, real_inputs, buffers)
 
 
 def _restore_modes(modules: dict[str, nn.Module], modes: dict[str, bool]) -> None:

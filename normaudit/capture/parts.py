@@ -86,15 +86,20 @@ def record_inputs(model: nn.Module, inputs: Any, mode: FakeTensorMode, paths: se
 
 
 def _record_real(root: nn.Module, inputs: Any, mode: FakeTensorMode, holders: set[str],
-                 extra_kwargs: Optional[dict[str, Any]], real_inputs: Any = None) -> tuple[dict, Optional[str]]:
+                 extra_kwargs: Optional[dict[str, Any]], real_inputs: Any = None,
+                 buffers: Optional[dict[str, dict[str, torch.Tensor]]] = None) -> tuple[dict, Optional[str]]:
     """:func:`record_inputs` on real numbers, for a forward that reads its data (``.tolist()``,
     ``len(set(...))``): a small model's fake parameters are swapped for real ones meanwhile (normal(0, 0.02)
     weights, zero buffers), the inputs made real likewise, and the recorded inputs made fake again. Models
     above :data:`REAL_RUN_MAX_ELEMENTS` parameter elements are not run. ``real_inputs`` are the example
     inputs the fake ones were made from (same form): where one is a real tensor its values are used, so an
     input whose values are sizes (``grid_thw``, lengths) keeps them; else random values of the fake one's
-    shape (:func:`_real_value`)."""
+    shape (:func:`_real_value`). ``buffers``: the integer buffers' known values
+    (:func:`normaudit.capture.integer_buffers`, by module path), used instead of zeros (a stride of 0 divides
+    by zero)."""
     tables = [(mod._parameters, True) for mod in root.modules()] + [(mod._buffers, False) for mod in root.modules()]
+    known = {id(mod._buffers): values for path, mod in root.named_modules()
+             for values in [(buffers or {}).get(path)] if values}
     if sum(t.numel() for tab, _ in tables for t in tab.values() if t is not None) > REAL_RUN_MAX_ELEMENTS:
         return {}, None
     saved = [(tab, dict(tab)) for tab, _ in tables]
@@ -102,7 +107,9 @@ def _record_real(root: nn.Module, inputs: Any, mode: FakeTensorMode, holders: se
         with torch.no_grad():
             for tab, is_param in tables:
                 for name, t in list(tab.items()):
-                    if t is not None:
+                    if t is not None and not is_param and name in known.get(id(tab), {}):
+                        tab[name] = known[id(tab)][name].clone()
+                    elif t is not None:
                         tab[name] = nn.Parameter(_real_like(t, 0.02), t.requires_grad) if is_param else _real_like(t, 0.0)
         real = _real_inputs(inputs, real_inputs)
         recorded, error = record_inputs(root, real, contextlib.nullcontext(), holders, extra_kwargs)
@@ -168,39 +175,53 @@ def _real_value(v: Any) -> Any:
 
 
 def capture_one(mod: nn.Module, args: tuple, kwargs: dict, mode: FakeTensorMode,
-                fixed: Optional[dict[Any, torch.Tensor]] = None) -> Any:
+                fixed: Optional[dict[Any, torch.Tensor]] = None,
+                buffers: Optional[dict[str, dict[str, torch.Tensor]]] = None) -> Any:
     """Capture one module on recorded fake inputs: ``symbolic_trace`` (without keyword inputs only), then
-    ``export``, then, after a data-dependent failure, ``export`` with the real integer inputs ``fixed``
-    (``{position or keyword: tensor}``, from a real run) as constants. Returns a
-    :class:`normaudit.capture.Capture` (``gm`` None when all fail)."""
-    from normaudit.capture import Capture, _export, _one_line, _quiet, _root_cause, _symbolic_trace
+    ``export``, then, after a data-dependent failure of that export, ``export`` with the real integer inputs
+    ``fixed`` (``{position or keyword: tensor}``, from a real run) as constants, and ``export`` with those and
+    the module's integer ``buffers`` (:func:`normaudit.capture.integer_buffers`, paths relative to ``mod``)
+    as constants. Returns a :class:`normaudit.capture.Capture` (``gm`` None when all fail)."""
+    from normaudit.capture import Capture, _export, _label, _one_line, _quiet, _root_cause, _symbolic_trace
 
     from normaudit.capture import data_dependent
 
     attempts: list[CaptureAttempt] = []
     modules = dict(mod.named_modules())
-    methods = [("export", {})] if kwargs else [("symbolic_trace", {}), ("export", {})]  # fx sees no keywords
+    methods = [("export", {}, {})] if kwargs else [("symbolic_trace", {}, {}), ("export", {}, {})]  # fx: no keywords
     if fixed:
-        methods.append(("export", fixed))
-    for method, consts in methods:
-        if consts and not data_dependent((attempts[-1].error if attempts else None) or ""):
+        methods.append(("export", fixed, {}))
+    if buffers:
+        methods.append(("export", fixed or {}, buffers))
+    guarded = False  # the plain export failed on a data-dependent size
+    for method, consts, consts_buffers in methods:
+        if (consts or consts_buffers) and not guarded:
             continue
         t0 = time.perf_counter()
+        label = _label(method, consts, consts_buffers)
         try:
             with _quiet():
                 if method == "symbolic_trace":
                     gm, user = _symbolic_trace(mod, args, mode)
                 else:
-                    gm, user = _export(mod, args, mode, kwargs=kwargs, fixed=consts)
+                    gm, user = _export(mod, args, mode, kwargs=kwargs, fixed=consts, buffers=consts_buffers)
         except Exception as exc:  # noqa: BLE001
-            label = f"{method} (integer inputs as constants)" if consts else method
-            attempts.append(CaptureAttempt(method=label, ok=False, error=_one_line(_root_cause(exc)),
+            error = _one_line(_root_cause(exc))
+            attempts.append(CaptureAttempt(method=label, ok=False, error=error,
                                            seconds=round(time.perf_counter() - t0, 3)))
+            guarded = guarded or (method == "export" and not consts and not consts_buffers and data_dependent(error))
             continue
-        label = f"{method} (integer inputs as constants)" if consts else method
         attempts.append(CaptureAttempt(method=label, ok=True, seconds=round(time.perf_counter() - t0, 3)))
-        return Capture(gm=gm, method=method, attempts=attempts, root=mod, modules=modules, user_inputs=user)
-    return Capture(gm=None, method="module_walk", attempts=attempts, root=mod, modules=modules)
+        return Capture(gm=gm, method=method, attempts=attempts, root=mod, modules=modules, user_inputs=user,
+                       buffer_values=buffers or {})
+    return Capture(gm=None, method="module_walk", attempts=attempts, root=mod, modules=modules,
+                   buffer_values=buffers or {})
+
+
+def buffers_under(buffers: Optional[dict[str, dict[str, torch.Tensor]]], path: str) -> dict[str, dict[str, torch.Tensor]]:
+    """The integer buffers (:func:`normaudit.capture.integer_buffers`) of the part at ``path``, by paths
+    relative to it."""
+    return {p[len(path) + 1:] if p != path else "": v for p, v in (buffers or {}).items() if _under(p, path)}
 
 
 def _describe(args: tuple, kwargs: dict) -> list[str]:
@@ -213,10 +234,12 @@ def _describe(args: tuple, kwargs: dict) -> list[str]:
 
 
 def capture_parts(root: nn.Module, inputs: Any, mode: FakeTensorMode, norm_paths: list[str],
-                  extra_kwargs: Optional[dict[str, Any]] = None,
-                  real_inputs: Any = None) -> tuple[list[PartCapture], Optional[str]]:
+                  extra_kwargs: Optional[dict[str, Any]] = None, real_inputs: Any = None,
+                  buffers: Optional[dict[str, dict[str, torch.Tensor]]] = None) -> tuple[list[PartCapture], Optional[str]]:
     """Capture the parts of ``root`` that hold the norm modules ``norm_paths`` (see the module docstring).
-    ``real_inputs``: the real example inputs ``inputs`` were made from, for the real run (:func:`_record_real`).
+    ``real_inputs``: the real example inputs ``inputs`` were made from, for the real run (:func:`_record_real`);
+    ``buffers``: the integer buffers' values (:func:`normaudit.capture.integer_buffers`), for the real run and
+    the parts' constants retries.
 
     Returns the captured parts (outermost first, none nested in another) and the error that stopped the
     eager forward (None when it ran through). Never raises.
@@ -226,9 +249,9 @@ def capture_parts(root: nn.Module, inputs: Any, mode: FakeTensorMode, norm_paths
         parts = p.split(".")
         holders.update(".".join(parts[:i]) for i in range(1, len(parts)))
     holders.discard("")
-    recorded, error = _record_best(root, inputs, mode, holders, extra_kwargs, real_inputs)
+    recorded, error = _record_best(root, inputs, mode, holders, extra_kwargs, real_inputs, buffers)
     found: list[PartCapture] = []
-    budget = {"attempts": 0, "until": time.perf_counter() + MAX_SECONDS}
+    budget = {"attempts": 0, "until": time.perf_counter() + MAX_SECONDS, "buffers": buffers or {}}
     children = {name: mod for name, mod in root.named_children()}
     for name in children:
         _visit(root, name, holders, recorded, mode, found, budget)
@@ -236,7 +259,8 @@ def capture_parts(root: nn.Module, inputs: Any, mode: FakeTensorMode, norm_paths
 
 
 def _record_best(root: nn.Module, inputs: Any, mode: FakeTensorMode, holders: set[str],
-                 extra_kwargs: Optional[dict[str, Any]], real_inputs: Any) -> tuple[dict, Optional[str]]:
+                 extra_kwargs: Optional[dict[str, Any]], real_inputs: Any,
+                 buffers: Optional[dict] = None) -> tuple[dict, Optional[str]]:
     """The recorded inputs of the ``holders`` (:func:`record_inputs`) from the forward that reaches the most
     of them: on fake tensors, then on real numbers (:func:`_record_real`) when the fake one stopped early;
     for a model in training mode whose forward stops before reaching them all (a text-to-speech model
@@ -250,7 +274,7 @@ def _record_best(root: nn.Module, inputs: Any, mode: FakeTensorMode, holders: se
                 root.eval()
             recorded, error = record_inputs(root, inputs, mode, holders, extra_kwargs)
             if error is not None and len(recorded) < len(holders):
-                more, real_error = _record_real(root, inputs, mode, holders, extra_kwargs, real_inputs)
+                more, real_error = _record_real(root, inputs, mode, holders, extra_kwargs, real_inputs, buffers)
                 if len(more) > len(recorded):
                     recorded, error = more, real_error
             if len(recorded) > len(best[0]) or not best[0]:
@@ -271,7 +295,7 @@ def _visit(root: nn.Module, path: str, holders: set[str], recorded: dict, mode: 
     if path in recorded and budget["attempts"] < MAX_ATTEMPTS and time.perf_counter() < budget["until"]:
         budget["attempts"] += 1
         args, kwargs, *real = recorded[path]
-        sub = capture_one(mod, args, kwargs, mode, real[0] if real else None)
+        sub = capture_one(mod, args, kwargs, mode, real[0] if real else None, buffers_under(budget["buffers"], path))
         if sub.gm is not None:
             found.append(PartCapture(path=path, capture=sub, inputs=_describe(args, kwargs)))
             return
@@ -315,12 +339,13 @@ def capture_unreached(cap: Any, mode: FakeTensorMode, dtype: torch.dtype) -> lis
         if built is None:
             continue
         kwargs = {**fake_inputs(built[0], mode, dtype), **forward_kwargs(_forward_params(mod))}
-        sub = capture_one(mod, (), kwargs, mode, constant_inputs(kwargs, built[0]))
+        buffers = buffers_under(getattr(cap, "buffer_values", {}), path)
+        sub = capture_one(mod, (), kwargs, mode, constant_inputs(kwargs, built[0]), buffers)
         if sub.gm is not None:
             found.append(PartCapture(path=path, capture=sub, inputs=_describe((), kwargs)))
             continue
         inner = [u[len(path) + 1:] for u in unreached if u.startswith(path + ".")]
-        for part in capture_parts(mod, kwargs, mode, inner, real_inputs=built[0])[0]:  # its blocks, on the
+        for part in capture_parts(mod, kwargs, mode, inner, real_inputs=built[0], buffers=buffers)[0]:  # its blocks, on the
             # inputs its forward gives them
             found.append(PartCapture(path=_join(path, part.path), capture=part.capture, inputs=part.inputs))
     return found
