@@ -1,7 +1,13 @@
-"""Speed of the command line (issue 14, items 2-5), in one run, as ratios measured on the same machine and load:
+"""Speed of the command line (issue 14, items 1-5), in one run, as ratios measured on the same machine and load:
 
-    python benchmarks/bench_speed.py [--repeat 3] [--no-ray]
+    python benchmarks/bench_speed.py [--repeat 3] [--no-ray] [--no-depth] [--no-full]
 
+0. depth: ``normaudit DIR --no-cache`` on a Llama-2-70B-sized Hugging Face config directory (hidden 8192, FFN
+   28672, GQA 64/8, 80 layers) vs the same config with 2 layers: wall, CPU and peak RSS of the whole command
+   (parent and worker), the goal being under 10 s and 1 GB on 2 cores and within 1.5x of 2 layers; then
+   :mod:`bench_depth`'s in-process audits (``build_report``) of the 70B and 7B configs: 80 vs 2 layers, and the
+   full capture vs the depth-independent one (``--no-full`` skips the full ones, the slow part;
+   ``--no-depth`` skips all of item 0);
 1. start-up: ``normaudit --help``, ``--version``, ``rules``, ``explain NE101`` and ``schema`` wall and CPU time
    (best of ``--repeat``, after one run that fills the validation memo and the byte-code cache, as an installed
    normaudit has them), and their ratio to a bare ``python -c pass`` (the floor no command goes under); the
@@ -34,6 +40,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_depth  # noqa: E402 - the in-process depth measurements (its CONFIGS and run())
 MODELS = [ROOT / "examples" / "buggy_lm.py", ROOT / "examples" / "convnext_block.py",
           ROOT / "tests" / "fixtures" / "cli" / "tiny.py"]
 
@@ -82,7 +90,67 @@ def make_project(tmp: Path) -> list[str]:
     return names
 
 
-Row = tuple  # (measure, a wall s, b wall s, a cpu s, b cpu s)
+Row = tuple  # (measure, a wall s, b wall s, a cpu s, b cpu s); a peak-RSS row: MB in place of s, cpu None
+
+#: what a child prints on its stderr's last line: wall, CPU (of its own children) and the largest child's peak RSS
+MEASURED = ("import json, resource, subprocess, sys, time\n"
+            "t = time.perf_counter(); rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL).returncode\n"
+            "wall = time.perf_counter() - t; r = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+            "print(json.dumps({'rc': rc, 'wall': wall, 'cpu': r.ru_utime + r.ru_stime, 'rss_mb': r.ru_maxrss / 1024}),"
+            " file=sys.stderr); sys.exit(rc)")
+
+
+def measured(argv: list[str], cwd: Path, env: dict, expect: tuple[int, ...] = (0, 1)) -> dict:
+    """Wall, CPU (user + system) seconds and peak RSS (MB, of the largest process: the parent or its worker)
+    of one command, run under a small Python parent (``RUSAGE_CHILDREN`` of its own); raises when the exit
+    status is not in ``expect``."""
+    proc = subprocess.run([sys.executable, "-c", MEASURED, *argv], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    if proc.returncode not in expect:
+        raise SystemExit(f"bench_speed: {' '.join(argv)} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stderr.strip().splitlines()[-1])
+
+
+def hf_config_dir(tmp: Path, name: str, layers: int) -> Path:
+    """A Hugging Face directory ``tmp/name`` with a Llama-2-70B-sized ``config.json`` of ``layers`` layers."""
+    hidden, ffn, _, heads, kv = bench_depth.CONFIGS["70b"]
+    d = tmp / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": hidden, "intermediate_size": ffn, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hidden // heads, "vocab_size": 32000,
+        "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": False}))
+    return d
+
+
+def depth_rows(cli: list[str], tmp: Path, env: dict, full: bool) -> list[Row]:
+    """70B vs 2 layers through the command line (wall, CPU, RSS), then :mod:`bench_depth`'s in-process audits:
+    80 vs 2 layers, full vs depth-independent capture on 7B and 70B (``full``)."""
+    deep, shallow = hf_config_dir(tmp, "llama70b", 80), hf_config_dir(tmp, "llama70b_2layers", 2)
+    measured(cli + [str(shallow), "--isolated", "--no-cache"], tmp, env)  # byte code into PYTHONPYCACHEPREFIX
+    a = measured(cli + [str(deep), "--isolated", "--no-cache"], tmp, env)
+    b = measured(cli + [str(shallow), "--isolated", "--no-cache"], tmp, env)
+    print(f"{'normaudit DIR --no-cache':<42} {'wall (s)':>8} {'cpu (s)':>8} {'RSS (MB)':>8}")
+    for name, m in (("llama 70B-sized, 80 layers", a), ("the same, 2 layers", b)):
+        print(f"{name:<42} {m['wall']:8.2f} {m['cpu']:8.2f} {m['rss_mb']:8.0f}")
+    rows: list[Row] = [("CLI 70B / 2 layers (--no-cache)", a["wall"], b["wall"], a["cpu"], b["cpu"]),
+                       ("CLI 70B / 2 layers peak RSS (MB)", a["rss_mb"], b["rss_mb"], None, None)]
+    results = {}
+    for size in ("70b", "7b"):
+        for name, repeats in ((size, True), (f"{size}-2layers", True), (size, False)):
+            if repeats or full:
+                r = results[(name, repeats)] = bench_depth.run(name, repeats)
+                print(f"in-process {name:<12s} {'depth-indep.' if repeats else 'full':12s} audit {r['audit_s']:6.2f} s "
+                      f"(CPU {r['cpu_s']:6.2f} s)  process {r['wall_s']:6.2f} s  RSS {r['rss_mb']:6.0f} MB", flush=True)
+        d, s = results[(size, True)], results[(f"{size}-2layers", True)]
+        rows.append((f"in-process audit {size} / 2 layers", d["audit_s"], s["audit_s"], d["cpu_s"], s["cpu_s"]))
+        rows.append((f"in-process {size} / 2 layers peak RSS (MB)", d["rss_mb"], s["rss_mb"], None, None))
+        f = results.get((size, False))
+        if f is not None:
+            rows.append((f"full / depth-indep. capture {size}", f["audit_s"], d["audit_s"], f["cpu_s"], d["cpu_s"]))
+            if f["report"] != d["report"]:
+                print(f"WARNING: {size}: the full and the depth-independent capture give different reports")
+    return rows
 
 
 def startup_rows(py: str, cli: list[str], tmp: Path, env: dict, repeat: int) -> list[Row]:
@@ -127,6 +195,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3, help="runs of each start-up command (best taken)")
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray executor")
+    ap.add_argument("--no-depth", action="store_true", help="skip the 70B/7B depth measurements (item 0)")
+    ap.add_argument("--no-full", action="store_true", help="skip the (slow) full captures of the deep configs")
     args = ap.parse_args()
     py = sys.executable
     cli = [py, "-m", "normaudit"]
@@ -136,15 +206,19 @@ def main() -> int:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "NORMAUDIT_CACHE_DIR": str(tmp / "cache"),
                "NORMAUDIT_NO_CACHE": "", "PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(tmp / "pyc")}
         targets = make_project(tmp)
-        rows = startup_rows(py, cli, tmp, env, args.repeat)
+        rows = [] if args.no_depth else depth_rows(cli, tmp, env, not args.no_full)
+        rows += startup_rows(py, cli, tmp, env, args.repeat)
         rows += run_rows(py, cli, tmp, env, targets, not args.no_ray and importlib.util.find_spec("ray") is not None)
     print(f"load average after:  {load()}")
     print("(cpu: user + system of the processes each command waited for; Ray's own daemons are partly outside)")
-    print(f"{'measure':<42} {'a (s)':>8} {'b (s)':>8} {'a/b':>7} {'a cpu':>8} {'b cpu':>8} {'cpu a/b':>7}")
+    print(f"{'measure (s, or MB for RSS)':<42} {'a':>8} {'b':>8} {'a/b':>7} {'a cpu':>8} {'b cpu':>8} {'cpu a/b':>7}")
     for name, a, b, ac, bc in rows:
-        print(f"{name:<42} {a:8.2f} {b:8.2f} {a / b:7.2f} {ac:8.2f} {bc:8.2f} {ac / bc if bc else 0:7.2f}")
+        cpu = f"{ac:8.2f} {bc:8.2f} {ac / bc if bc else 0:7.2f}" if ac is not None else ""
+        print(f"{name:<42} {a:8.2f} {b:8.2f} {a / b:7.2f} {cpu}")
     print(json.dumps({name: {"a_s": round(a, 3), "b_s": round(b, 3), "ratio": round(a / b, 3),
-                             "a_cpu_s": round(ac, 3), "b_cpu_s": round(bc, 3)} for name, a, b, ac, bc in rows}))
+                             "a_cpu_s": round(ac, 3), "b_cpu_s": round(bc, 3)} if ac is not None else
+                      {"a_mb": round(a, 1), "b_mb": round(b, 1), "ratio": round(a / b, 3)}
+                      for name, a, b, ac, bc in rows}))
     return 0
 
 
