@@ -393,3 +393,28 @@ def test_temporal_patch_named_patch_temporal():
     model = _auto_meta("MuseSparkVisionConfig", hidden_size=32, intermediate_size=64, num_attention_heads=4,
                        num_hidden_layers=1, patch_size=14, patch_temporal=2, merge_size=2)
     assert infer_hf_inputs(model)[1] == "pixel_values float (32, 1176), grid_thw int64 (2, 3)"
+
+
+def test_image_size_of_the_backbone_inside_the_vision_config():
+    # SAM2: no image size on the model or vision config; its Hiera backbone's 1024 x 1024 is what the FPN's
+    # backbone_feature_sizes (256, 128, 64 a side) are built for
+    from normaudit.target.inputs import _image
+
+    config = transformers.Sam2Config()
+    assert config.vision_config.backbone_config.image_size == [1024, 1024]
+    assert tuple(_image(config).shape) == (2, 3, 1024, 1024)
+    assert tuple(_image(transformers.ViTConfig(image_size=32)).shape) == (2, 3, 32, 32)  # its own size first
+
+
+def test_forecaster_padding_and_frequency_are_built_and_captured(rules):
+    # TimesFM: forward(past_values, past_values_padding, freq), all required; 64 steps = 4 patches of 16
+    model = _auto_meta("TimesFmConfig", context_length=64, patch_length=16, horizon_length=16, hidden_size=32,
+                       intermediate_size=32, head_dim=8, num_attention_heads=4, num_hidden_layers=1).eval()
+    assert infer_hf_inputs(model)[1] == ("past_values float (2, 64, 1), past_values_padding float (2, 64), "
+                                         "freq int64 (2, 1)")
+    report = audit_model(model, rules=rules, on_meta=True)
+    assert report.capture.complete and report.capture.method == "export", report.capture.attempts
+    norms = _norm_modules(model)
+    graphed = sorted({s.module for s in report.sites if s.detected_by != "module_walk"})
+    assert graphed == ["layers.0.input_layernorm", "layers.0.mlp.layer_norm"] == sorted(norms)
+    assert report.capture.unaudited == []

@@ -98,10 +98,27 @@ def _token_ids(config: Any) -> Iterator[torch.Tensor]:
         yield _ids(vocab, (BATCH * int(k), SEQ))
 
 
+_IMAGE_SIZE_KEYS = ("image_size", "input_size", "img_size")
+
+
+def _image_size(config: Any) -> Any:
+    """The config's image size (:data:`_IMAGE_SIZE_KEYS` on it or its vision sub-configs), else the one of
+    the backbone a vision sub-config holds (SAM2, EdgeTAM: ``vision_config.backbone_config.image_size``,
+    1024, which the FPN's ``backbone_feature_sizes`` are built for), else :data:`SIDE`."""
+    size = cfg_value(config, _IMAGE_SIZE_KEYS, _VISION)
+    if size is not None:
+        return size
+    for sub in _configs(config, _VISION, depth=1)[:-1]:
+        size = cfg_value(getattr(sub, "backbone_config", None), _IMAGE_SIZE_KEYS)
+        if size is not None:
+            return size
+    return SIDE
+
+
 def _image(config: Any) -> torch.Tensor:
     """``(B, C, H, W)``, or ``(B, T, C, H, W)`` for a video model (``num_frames`` in the config)."""
     channels = int(cfg_value(config, ("num_channels", "in_channels", "input_channels"), _VISION, 3))
-    h, w = _pair(cfg_value(config, ("image_size", "input_size", "img_size"), _VISION, SIDE))
+    h, w = _pair(_image_size(config))
     side = _query_side(config)
     h, w = max(h, side), max(w, side)
     frames = cfg_value(config, ("num_frames",), _VISION)
@@ -373,11 +390,23 @@ def _static_real(config: Any) -> Iterator[torch.Tensor]:
         yield torch.randn(BATCH, count)
 
 
+def _past_values(config: Any) -> Iterator[torch.Tensor]:
+    """``past_values`` candidates: :func:`_series` over :func:`_past_length` steps; for one variate also
+    ``(B, T)`` (TimesFM patches a univariate ``(B, T)`` series into ``patch_length`` chunks)."""
+    series = _series(config, _past_length(config))
+    yield series
+    if series.dim() == 3 and series.shape[-1] == 1:
+        yield series[..., 0].contiguous()
+
+
 #: the inputs of transformers' time-series forecasters, as their model tests build them
 #: (``TimeSeriesTransformerModelTester.prepare_config_and_inputs``): past and future windows of the series,
-#: their time features, an all-observed mask. Given future values, the models run their decoders too.
+#: their time features, an all-observed mask; TimesFM's padding flags (0: observed, float as the model
+#: computes ``1 - pad``) and frequency class ``(B, 1)`` (0: high frequency). Given future values, the models run their decoders too.
 SERIES_BUILDERS: dict[str, Callable[[Any], Iterator[torch.Tensor]]] = {
-    "past_values": lambda c: iter([_series(c, _past_length(c))]),
+    "past_values": lambda c: _past_values(c),
+    "past_values_padding": lambda c: iter([torch.zeros(BATCH, _past_length(c))]),
+    "freq": lambda c: iter([torch.zeros(BATCH, 1, dtype=torch.int64)]),
     "past_time_features": lambda c: iter([_time_features(c, _past_length(c))]),
     "past_observed_mask": lambda c: iter([torch.ones_like(_series(c, _past_length(c)), dtype=torch.bool)]),
     "future_values": lambda c: iter([_series(c, _prediction_length(c))]),
