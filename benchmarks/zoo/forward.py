@@ -19,29 +19,40 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from summary import NOT_A_NORM
+from summary import says_norm
 
 BATCH = 2
 SEQ = 16
 _TORCH_NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm,
                 nn.modules.instancenorm._InstanceNorm, nn.LocalResponseNorm, nn.CrossMapLRN2d)
-_NORM_NAME = re.compile(r"Norm")
 _GRN_NAME = re.compile(r"GRN$")  # transformers' ConvNextV2GRN: global response normalisation (Woo et al. 2023)
 
 
+def model_prefixes(cls: type) -> list[str]:
+    """The model names a library class carries at the front of its name: the ``<Name>PreTrainedModel``
+    classes of the Python module that defines it (transformers: ``RobertaPreLayerNorm`` for
+    ``RobertaPreLayerNormPooler``, ``ConvNextV2`` for ``ConvNextV2LayerNorm``); none elsewhere."""
+    import sys
+
+    namespace = vars(sys.modules.get(cls.__module__) or object)
+    return [k[:-len("PreTrainedModel")] for k in list(namespace) if k.endswith("PreTrainedModel")
+            and k != "PreTrainedModel"]
+
+
 def _is_norm_class(module: nn.Module) -> bool:
-    name = type(module).__name__
-    if _GRN_NAME.search(name):
+    cls = type(module)
+    if isinstance(module, _TORCH_NORMS) or _GRN_NAME.search(cls.__name__):
         return True
-    return isinstance(module, _TORCH_NORMS) or bool(_NORM_NAME.search(name) and not NOT_A_NORM.search(name))
+    return says_norm(cls.__name__, model_prefixes(cls))
 
 
 def is_norm_module(module: nn.Module) -> bool:
-    """True for a torch.nn norm, or a module whose class name says ``Norm`` and holds no norm inside it.
+    """True for a torch.nn norm, or a module whose class name names a norm (:func:`summary.says_norm`, the
+    model's name prefix removed: :func:`model_prefixes`) and holds no norm inside it.
 
-    The second condition leaves out wrappers such as ``PreNorm(fn)`` whose own child is the norm; names
-    that say Norm about something else (``NormFreeBlock``, ``ConvNormAct`` without a norm, heads, MLPs:
-    :data:`summary.NOT_A_NORM`) are no norm either.
+    The last condition leaves out wrappers such as ``PreNorm(fn)`` or wav2vec2's ``EncoderStableLayerNorm``
+    whose own children are the norms; names that say Norm about something else (``NormFreeBlock``,
+    ``ConvNormAct`` without a norm, ``RobertaPreLayerNormPooler``) are no norm either.
     """
     if not _is_norm_class(module):
         return False
@@ -55,19 +66,69 @@ def norm_modules(model: nn.Module) -> dict[str, str]:
     return {name: type(m).__name__ for name, m in model.named_modules() if name and is_norm_module(m)}
 
 
+#: aten ops that compute a statistic of their input (a reduction, an inverse root, a fused norm kernel): a
+#: module named as a norm that runs none of them normalises nothing (Voxtral-Realtime's
+#: ``TextAdaRmsNorm``: linear -> gelu -> linear, a conditioning MLP; mobilebert's ``NoNorm``: an affine map)
+STATISTIC_OPS = frozenset({
+    "mean", "sum", "nansum", "var", "std", "var_mean", "std_mean", "rsqrt", "sqrt", "norm", "linalg_vector_norm",
+    "frobenius_norm", "amax", "logsumexp", "native_layer_norm", "layer_norm", "native_group_norm", "group_norm",
+    "native_batch_norm", "batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
+    "instance_norm", "rms_norm", "_fused_rms_norm"})
+
+
+def _statistics_mode(inside: list[str], computed: set[str]):
+    """A TorchDispatchMode adding the paths in ``inside`` (the norm modules running now) to ``computed``
+    whenever an op of :data:`STATISTIC_OPS` runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Statistics(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if inside and func.__name__.split(".")[0] in STATISTIC_OPS:
+                computed.update(inside)
+            return func(*args, **(kwargs or {}))
+
+    return Statistics()
+
+
 def called_norms(model: nn.Module, run: Callable[[], Any]) -> set[str]:
-    """Paths of the norm modules whose forward ran during ``run()`` (forward hooks, removed after)."""
+    """Paths of the norm modules whose forward ran during ``run()`` and normalised: a torch.nn norm, or a
+    module named as one (:func:`is_norm_module`) that ran an op of :data:`STATISTIC_OPS` (watched with a
+    TorchDispatchMode; hooks removed after). When ``run()`` fails under that mode it is run again without,
+    and every named norm that ran counts."""
     called: set[str] = set()
+    inside: list[str] = []
+    computed: set[str] = set()
     handles = []
+
+    def enter(name: str) -> Callable[..., None]:
+        return lambda _m, _i: inside.append(name)
+
+    def leave(name: str) -> Callable[..., None]:
+        def hook(_m, _i, _o) -> None:  # returns None: the module's output is kept
+            called.add(name)
+            if name in inside:
+                inside.remove(name)
+        return hook
+
     for name in norm_modules(model):
         module = model.get_submodule(name)
-        handles.append(module.register_forward_hook(lambda _m, _i, _o, n=name: called.add(n)))
+        if isinstance(module, _TORCH_NORMS):
+            computed.add(name)
+        handles.append(module.register_forward_pre_hook(enter(name)))
+        handles.append(module.register_forward_hook(leave(name)))
     try:
-        run()
+        try:
+            with _statistics_mode(inside, computed):
+                run()
+        except Exception:  # noqa: BLE001 - a forward that the mode breaks: hooks alone
+            called.clear()
+            inside.clear()
+            run()
+            computed.update(called)
     finally:
         for h in handles:
             h.remove()
-    return called
+    return called & computed
 
 
 def _get(config, *names, default=None):
@@ -159,33 +220,83 @@ def input_variants(model: nn.Module, config) -> list[tuple[str, Callable[[], dic
     return variants
 
 
+def meta_twin(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` whose parameters and buffers are on the meta device (ties kept: one meta tensor
+    per original tensor), as normaudit builds a target; the original's real weights are not copied."""
+    import copy
+
+    memo: dict[int, Any] = {}
+    for t in (*module.parameters(), *module.buffers()):
+        if id(t) not in memo:
+            meta = torch.empty_like(t, device="meta")
+            memo[id(t)] = nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else meta
+    return copy.deepcopy(module, memo)
+
+
 def _normaudit_inputs(model: nn.Module) -> dict[str, Any]:
-    """The inputs normaudit builds for the model (``infer_hf_inputs``: required parameters such as
-    ``grid_thw`` or feature masks that the sets above do not know), tried last."""
+    """The inputs normaudit itself builds for ``model`` (``infer_hf_inputs``), built as the command builds
+    them: on a meta-device twin (:func:`meta_twin`). normaudit counts image/audio placeholder tokens with
+    ``get_image_features``/``get_audio_features`` on the meta device only; given the real model it adds no
+    placeholders and the multimodal forward refuses them ("image features and image tokens do not
+    match"). The tensors returned are real (CPU). Raises ValueError when normaudit builds no inputs."""
     from normaudit.target.inputs import infer_hf_inputs
 
-    built = infer_hf_inputs(model)
+    built = infer_hf_inputs(meta_twin(model) if not _on_meta(model) else model)
     if built is None:
         raise ValueError("normaudit builds no inputs for it")
-    return dict(built[0])
+    inputs = dict(built[0])
+    if any(isinstance(v, torch.Tensor) and v.is_meta for v in inputs.values()):
+        raise ValueError("normaudit's inputs are meta tensors")
+    return inputs
+
+
+def _on_meta(model: nn.Module) -> bool:
+    return any(p.is_meta for p in model.parameters())
+
+
+def hf_towers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Outermost submodules that are Hugging Face models of their own (a ``config`` and a
+    ``main_input_name``: vision, audio, speech towers) and hold a norm module, as ``(path, module)``."""
+    found: list[tuple[str, nn.Module]] = []
+    for path, mod in model.named_modules():
+        if (not path or any(path.startswith(p + ".") for p, _ in found)
+                or getattr(mod, "main_input_name", None) is None or getattr(mod, "config", None) is None):
+            continue
+        if any(is_norm_module(m) for m in mod.modules()):
+            found.append((path, mod))
+    return found
+
+
+def _run(model: nn.Module, inputs: dict[str, Any]) -> set[str]:
+    with torch.no_grad():
+        return called_norms(model, lambda: model(**inputs))
 
 
 def forward_norms(model: nn.Module, config) -> tuple[set[str] | None, str]:
-    """Norm modules called by any input set that runs (the union: a multimodal model's text-only set and
-    its image set call different towers, and normaudit captures both); ``(None, error)`` when none runs."""
+    """Norm modules called by any input set that runs: the union over the whole-model sets of
+    :func:`input_variants` (a multimodal model's text-only set and its image set call different towers),
+    normaudit's own inputs always among them, then each tower (:func:`hf_towers`) no whole-model set
+    reached, run alone on the inputs normaudit builds for it (normaudit captures such towers alone: the
+    real forward of the tower is their ground truth). ``(None, errors)`` when no whole-model set runs."""
     model.eval()
     errors, called, ran = [], set(), []
     for label, make in input_variants(model, config):
         try:
-            inputs = make()
-            with torch.no_grad():
-                called |= called_norms(model, lambda: model(**inputs))
+            called |= _run(model, make())
             ran.append(label)
         except Exception as err:  # noqa: BLE001 - any failure means: try the next input set
             errors.append(f"{label}: {type(err).__name__}: {' '.join(str(err).split())[:160]}")
-    if ran:
-        return called, " | ".join(ran)
-    return None, " | ".join(errors)[:400] or "no input set fits the forward signature"
+    if not ran:
+        return None, " | ".join(errors)[:400] or "no input set fits the forward signature"
+    for path, tower in hf_towers(model):
+        if any(c.startswith(path + ".") for c in called):
+            continue
+        try:
+            called |= {f"{path}.{n}" for n in _run(tower, _normaudit_inputs(tower))}
+            ran.append(f"{path} alone")
+        except Exception as err:  # noqa: BLE001 - the tower stays uncounted
+            ran.append(f"{path} alone failed: {type(err).__name__}: {' '.join(str(err).split())[:80]}")
+    return called, " | ".join(ran)
 
 
 #: errors of a forward on the meta device that say only that real numbers were needed (``.item()``,
