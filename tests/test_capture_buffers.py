@@ -170,3 +170,64 @@ def test_meta_buffers_of_a_plain_module_stay_unknown_real_ones_are_used():
     assert integer_buffers(meta, on_meta=True) == {}
     assert {k: int(v) for k, v in integer_buffers(PlainNet(), on_meta=False)["conv"].items()} == {
         "stride": 1, "kernel_size": 3, "padding_total": 2}
+
+
+class _MoeLayer(nn.Module):
+    """A decoder layer whose experts loop over the experts hit (``for e in hit``, Step3p7Experts): a
+    data-dependent length no capture on fake tensors takes; its norms and attention still capture alone."""
+
+    def __init__(self, d: int, experts: int = 3):
+        super().__init__()
+        self.input_layernorm = nn.RMSNorm(d, eps=1e-6)
+        self.attn = nn.Linear(d, d)
+        self.post_attention_layernorm = nn.RMSNorm(d, eps=1e-6)
+        self.router = nn.Linear(d, experts)
+        self.experts = nn.ModuleList([nn.Linear(d, d) for _ in range(experts)])
+
+    def forward(self, x):
+        x = x + self.attn(self.input_layernorm(x))
+        h = self.post_attention_layernorm(x)
+        choice = self.router(h).argmax(-1)
+        out = torch.zeros_like(h)
+        for e in torch.unique(choice):
+            out = out + self.experts[int(e)](h) * (choice == e).unsqueeze(-1)
+        return x + out
+
+
+class TinyVlm(nn.Module):
+    """A vision-language model: image features replace the placeholder tokens after a count check
+    (``get_placeholder_mask``) that the example's ids do not pass, so neither the whole forward nor its
+    recording on all inputs reaches the language model; its MoE layers stop the text-only capture too."""
+
+    main_input_name = "input_ids"
+
+    def __init__(self, d: int = 8):
+        super().__init__()
+        self.vision_norm = nn.LayerNorm(d)
+        self.patch = nn.Linear(12, d)
+        self.embed_tokens = nn.Embedding(16, d)
+        self.layers = nn.ModuleList([_MoeLayer(d) for _ in range(2)])
+        self.norm = nn.RMSNorm(d, eps=1e-5)
+
+    def forward(self, input_ids, pixel_values=None):
+        x = self.embed_tokens(input_ids)
+        if pixel_values is not None:
+            feats = self.vision_norm(self.patch(pixel_values.flatten(2)))
+            mask = input_ids == 15
+            torch._check(int(mask.sum()) == feats.shape[0] * feats.shape[1], lambda: "image tokens do not match")
+            x = x.masked_scatter(mask.unsqueeze(-1), feats)
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
+
+
+def test_language_model_parts_recorded_on_the_main_towers_inputs(rules):
+    inputs = {"input_ids": torch.randint(0, 4, (2, 6)), "pixel_values": torch.randn(2, 3, 3, 4)}
+    report = audit_model(TinyVlm().eval(), inputs, rules=rules)
+    assert not report.capture.complete
+    assert report.capture.unaudited == []
+    assert {s.module for s in report.sites if s.detected_by != "module_walk"} == {
+        "vision_norm", "layers.0.input_layernorm", "layers.0.post_attention_layernorm",
+        "layers.1.input_layernorm", "layers.1.post_attention_layernorm", "norm"}
+    assert site(report, "layers.1.post_attention_layernorm").eps == 1e-6
+    assert site(report, "norm").normalized_axes == ["feature"]

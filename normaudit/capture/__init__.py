@@ -484,7 +484,7 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
             with _quiet():
                 cap.parts = capture_unreached(cap, mode, dtype)
         return cap
-    parts, parts_error = (_capture_parts(model, fake_args, mode, modules, inputs, buffers) if parts_fallback
+    parts, parts_error = (_capture_parts(model, fake_args, mode, modules, inputs, buffers, dtype) if parts_fallback
                           else ([], None))
     _restore_modes(modules, modes)
     return Capture(gm=None, method="module_walk", attempts=attempts, root=model, modules=modules,
@@ -561,9 +561,14 @@ def _plan(methods: tuple[str, ...], fake_args: Any, inputs: Any,
 
 
 def _capture_parts(model: nn.Module, fake_args: Any, mode: FakeTensorMode, modules: dict[str, nn.Module],
-                   real_inputs: Any = None, buffers: Optional[dict] = None) -> tuple[list, Optional[str]]:
+                   real_inputs: Any = None, buffers: Optional[dict] = None,
+                   dtype: torch.dtype = torch.float32) -> tuple[list, Optional[str]]:
     """:func:`normaudit.capture.parts.capture_parts` over the norm modules ``walk_modules`` finds
-    (``real_inputs``: the example inputs ``fake_args`` were made from; ``buffers``: :func:`integer_buffers`)."""
+    (``real_inputs``: the example inputs ``fake_args`` were made from; ``buffers``: :func:`integer_buffers`;
+    the main tower's inputs alone, :func:`normaudit.target.inputs.main_tower_inputs`, record what the
+    forward on all inputs does not reach)."""
+    from normaudit.target.inputs import main_tower_inputs
+
     from normaudit.capture.parts import capture_parts
     from normaudit.facts.sites import walk_modules
     from normaudit.target.inputs import _forward_params, forward_kwargs
@@ -573,7 +578,9 @@ def _capture_parts(model: nn.Module, fake_args: Any, mode: FakeTensorMode, modul
         return [], None
     extra = forward_kwargs(_forward_params(model)) if isinstance(fake_args, dict) else {}
     with _quiet():
-        return capture_parts(model, fake_args, mode, norm_paths, extra, real_inputs, buffers)
+        fewer = main_tower_inputs(model, real_inputs) if isinstance(real_inputs, dict) else None
+        fewer_pair = (fake_inputs(fewer, mode, dtype), fewer) if fewer is not None else None
+        return capture_parts(model, fake_args, mode, norm_paths, extra, real_inputs, buffers, fewer_pair)
 
 
 def _restore_modes(modules: dict[str, nn.Module], modes: dict[str, bool]) -> None:

@@ -235,11 +235,15 @@ def _describe(args: tuple, kwargs: dict) -> list[str]:
 
 def capture_parts(root: nn.Module, inputs: Any, mode: FakeTensorMode, norm_paths: list[str],
                   extra_kwargs: Optional[dict[str, Any]] = None, real_inputs: Any = None,
-                  buffers: Optional[dict[str, dict[str, torch.Tensor]]] = None) -> tuple[list[PartCapture], Optional[str]]:
+                  buffers: Optional[dict[str, dict[str, torch.Tensor]]] = None,
+                  fewer: Optional[tuple[Any, Any]] = None) -> tuple[list[PartCapture], Optional[str]]:
     """Capture the parts of ``root`` that hold the norm modules ``norm_paths`` (see the module docstring).
     ``real_inputs``: the real example inputs ``inputs`` were made from, for the real run (:func:`_record_real`);
     ``buffers``: the integer buffers' values (:func:`normaudit.capture.integer_buffers`), for the real run and
-    the parts' constants retries.
+    the parts' constants retries. ``fewer``: ``(fake, real)`` inputs of the main tower alone
+    (:func:`normaudit.target.inputs.main_tower_inputs`): when the forward on all inputs stops before some
+    holders (a vision-language model whose image placeholders do not match its image features), a second
+    forward on these records the main tower's modules it did not reach (the language model's blocks).
 
     Returns the captured parts (outermost first, none nested in another) and the error that stopped the
     eager forward (None when it ran through). Never raises.
@@ -250,6 +254,9 @@ def capture_parts(root: nn.Module, inputs: Any, mode: FakeTensorMode, norm_paths
         holders.update(".".join(parts[:i]) for i in range(1, len(parts)))
     holders.discard("")
     recorded, error = _record_best(root, inputs, mode, holders, extra_kwargs, real_inputs, buffers)
+    if fewer is not None and len(recorded) < len(holders):
+        more, _ = _record_best(root, fewer[0], mode, holders - set(recorded), extra_kwargs, fewer[1], buffers)
+        recorded = {**more, **recorded}
     found: list[PartCapture] = []
     budget = {"attempts": 0, "until": time.perf_counter() + MAX_SECONDS, "buffers": buffers or {}}
     children = {name: mod for name, mod in root.named_children()}
