@@ -323,6 +323,12 @@ class EpsFacts(_Model):
     changed: bool = False
     #: what makes sites peers (``constructed at FILE:LINE``, ``attribute input_layernorm of DecoderLayer``)
     role: Optional[str] = None
+    #: what eps is added to, and so which rows it guards: ``variance`` (0 on a constant row), ``mean_square``
+    #: (RMS, 0 on an all-zero row) or ``l2_norm`` (a unit vector ``x / ||x||_2``, 0 on an all-zero row)
+    statistic: Optional[Literal["variance", "mean_square", "l2_norm"]] = None
+    #: the normalised tensor leaves the model as one of its outputs, through views and casts only (an
+    #: L2-normalised embedding returned for retrieval)
+    model_output: bool = False
 
 
 class GroupSplit(_Model):

@@ -192,3 +192,28 @@ def test_clip_embedding_l2_normalisation_is_no_eps_zero_norm(eps_rules):
     assert "" not in modules and {"text_model.final_layer_norm", "vision_model.post_layernorm"} <= modules
     assert [s.eps for s in report.sites if s.module == "text_model.final_layer_norm"] == [1e-5]
     assert not [f for f in report.findings if f.rule_id == "NE103"]
+
+
+def test_xclip_temperature_before_einsum_is_no_site(eps_rules):
+    """transformers XCLIPModel (modeling_x_clip.py:1118-1123) normalises its embeddings with
+    ``x / x.norm(p=2, dim=-1, keepdim=True)`` (no eps) and multiplies the temperature into one factor before
+    ``einsum("bd,bkd->bk", video, logit_scale * text)``: the same cosine logits as CLIP's, so no site on the top
+    module and no NE103 (it was an error in the zoo sweep, issue 10); the towers' LayerNorms keep eps 1e-5."""
+    transformers = pytest.importorskip("transformers")
+    from conftest import audit_model
+
+    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    cfg = transformers.XCLIPConfig(
+        text_config=dict(small, vocab_size=100, max_position_embeddings=16),
+        vision_config=dict(small, image_size=32, patch_size=16, num_frames=2, mit_hidden_size=32,
+                           mit_intermediate_size=64, mit_num_hidden_layers=1, mit_num_attention_heads=2),
+        projection_dim=32, prompt_layers=1, prompt_num_attention_heads=2, prompt_attention_dropout=0.0)
+    with torch.device("meta"):
+        model = transformers.XCLIPModel(cfg)
+    inputs = {"input_ids": torch.randint(0, 100, (2, 7)), "pixel_values": torch.randn(1, 2, 3, 32, 32)}
+    report = audit_model(model, inputs, rules=eps_rules, on_meta=True)
+    assert report.capture.complete
+    modules = {s.module for s in report.sites}
+    assert "" not in modules and "text_model.final_layer_norm" in modules
+    assert [s.eps for s in report.sites if s.module == "text_model.final_layer_norm"] == [1e-5]
+    assert not [f for f in report.findings if f.rule_id == "NE103"]

@@ -4,7 +4,13 @@ other sites of its class use, and what is left of it in the dtype it is added in
 
 - ``effective``: ``site.eps``; for ``nn.RMSNorm(eps=None)`` / ``F.rms_norm(eps=None)`` the
   ``torch.finfo(input dtype).eps`` PyTorch substitutes (its docs). ``missing``: a hand-written norm whose
-  statistic reaches ``sqrt``/``rsqrt`` with nothing added (a constant row divides 0 by 0).
+  statistic reaches ``sqrt``/``rsqrt`` with nothing added. ``statistic`` (:func:`statistic_of`): what eps is
+  added to, which decides the rows that divide 0 by 0 without it: every constant row for a variance, only an
+  all-zero row for a mean square (RMSNorm) or an L2 norm (``x / ||x||_2``). ``model_output``
+  (:func:`reaches_output`): the normalised tensor is returned as a model output (an L2-normalised embedding).
+  An L2 norm's eps (``F.normalize``'s clamp, 1e-12 by default, in the unit of ``||x||``) is compared with a
+  configuration only when its constructor passes a config key: ``layer_norm_eps``/``rms_norm_eps`` name the
+  eps of the model's norm layers, not that clamp.
 - ``declared``: one :class:`ConfigEps` per configuration that names an eps key for the site's kind
   (:data:`EPS_KEYS`, first key found, nested dicts searched; a bare ``eps``/``epsilon`` at the top level
   only, :data:`GENERIC_EPS_KEYS`), each with its ``origin`` (``cli``: ``--config``; ``checkpoint``: the config
@@ -46,12 +52,12 @@ import torch
 from torch import fx
 
 from normaudit.capture.ir import dtype as node_dtype
-from normaudit.capture.ir import op_name, scalar_operand, strip_neutral
+from normaudit.capture.ir import NEUTRAL_OPS, op_name, scalar_operand, strip_neutral
 from normaudit.facts.constructor import constructor_eps
 from normaudit.report import ConfigEps, EpsFacts, Site
 
 __all__ = ["EPS_KEYS", "GENERIC_EPS_KEYS", "ConfigSource", "find_eps_key", "find_generic_eps", "all_values",
-           "eps_dtype_of", "rounded", "declared_eps", "assign_peers", "analyse"]
+           "eps_dtype_of", "rounded", "declared_eps", "assign_peers", "analyse", "statistic_of", "reaches_output"]
 
 #: Configuration keys declaring the eps of each kind of norm, most specific first.
 EPS_KEYS: dict[str, tuple[str, ...]] = {
@@ -188,6 +194,46 @@ def _eps_missing(site: Site, hints: dict) -> bool:
     return hints.get("how_eps") == "none"
 
 
+_CENTRED_KINDS = ("LayerNorm", "GroupNorm", "BatchNorm", "InstanceNorm")
+
+
+def statistic_of(site: Site, hints: Mapping[str, Any]) -> Optional[str]:
+    """What the site's eps is added to: ``variance`` (a centred statistic, or timm SimpleNorm's ``var(x)``:
+    0 on every constant row), ``mean_square`` (RMSNorm: 0 on an all-zero row only) or ``l2_norm`` (a unit
+    vector ``x / ||x||_2``, sum of squares or ``torch.norm``: 0 on an all-zero row only); None for other kinds.
+    Pattern sites read the hints of :func:`normaudit.facts.sites.discover_sites`, the others their kind."""
+    if site.detected_by == "pattern":
+        if hints.get("statistic") in ("l2_norm", "running_var"):
+            return "l2_norm" if hints["statistic"] == "l2_norm" else "variance"
+        variance = hints.get("variance")
+        if variance in ("population", "unbiased"):
+            return "variance"
+        return "mean_square" if variance == "mean_square" else None
+    if site.kind in _CENTRED_KINDS:
+        return "variance"
+    return "mean_square" if site.kind == "RMSNorm" else None
+
+
+def reaches_output(node: Optional[fx.Node], depth: int = 8) -> bool:
+    """``node`` is one of the graph's outputs, or reaches one through casts and layout-only ops (views,
+    ``getitem``): the normalised tensor is returned to the caller as it is."""
+    frontier = [node] if isinstance(node, fx.Node) else []
+    for _ in range(depth):
+        nxt = []
+        for n in frontier:
+            for user in n.users:
+                if user.op == "output":
+                    return True
+                if op_name(user) in NEUTRAL_OPS or op_name(user) in _LAYOUT_OPS:
+                    nxt.append(user)
+        frontier = nxt
+    return False
+
+
+_LAYOUT_OPS = ("view", "reshape", "_unsafe_view", "permute", "transpose", "contiguous", "clone", "getitem",
+               "alias", "detach", "unsqueeze", "squeeze", "expand", "flatten")
+
+
 def _sources(ctx: Any) -> list[ConfigSource]:
     sources: list[ConfigSource] = list(getattr(ctx, "config_sources", None) or [])
     if not sources and getattr(ctx, "config", None):
@@ -267,11 +313,19 @@ def analyse(ctx: Any, records: list) -> None:
     modules: Mapping[str, Any] = getattr(cap, "modules", None) or {}
     for rec in records:
         site: Site = rec.site
-        facts = EpsFacts(effective=_effective(site), missing=_eps_missing(site, getattr(rec, "hints", {}) or {}))
+        hints = getattr(rec, "hints", {}) or {}
+        facts = EpsFacts(effective=_effective(site), missing=_eps_missing(site, hints),
+                         statistic=statistic_of(site, hints), model_output=reaches_output(getattr(rec, "output", None)))
         passed = _passed_key(rec, modules) if facts.effective is not None else None
         if passed is not None:
             facts.constructor_eps = passed[1]
-        facts.declared, facts.changed = declared_eps(site, facts.effective, sources, passed[0] if passed else None)
+        if facts.statistic == "l2_norm" and passed is None:
+            # the clamp of an L2 norm (F.normalize's eps=1e-12, in the unit of ||x||, not of a variance) is no
+            # norm-layer eps: a config's layer_norm_eps/rms_norm_eps names it only when its constructor passes it
+            facts.declared, facts.changed = [], False
+        else:
+            facts.declared, facts.changed = declared_eps(site, facts.effective, sources,
+                                                         passed[0] if passed else None)
         if facts.effective is not None:
             facts.dtype, facts.dtype_basis = eps_dtype_of(site, getattr(rec, "nodes", None))
             if facts.dtype is not None:

@@ -661,11 +661,25 @@ def _learned_rescale(normed: fx.Node, act: Optional[set]) -> bool:
     """An L2-normalised tensor multiplied by a learned parameter, as a norm's gain would be: directly
     (``scale * F.normalize(x)``, through constant factors and views), or, for q and k, through their scores
     when those feed an attention softmax (Swin-V2's ``softmax((q_n @ k_n^T) * logit_scale.exp() + bias)``).
-    A bare cosine similarity is not a normalisation layer, nor are contrastive logits scaled by a temperature
-    (CLIP's ``text_n @ image_n^T * logit_scale.exp()``: no softmax in the forward)."""
+    A bare cosine similarity is not a normalisation layer, nor are contrastive logits scaled by a temperature,
+    whether it multiplies the scores (CLIP's ``text_n @ image_n^T * logit_scale.exp()``) or one factor before
+    the product (X-CLIP's ``einsum("bd,bkd->bk", video_n, logit_scale.exp() * text_n)``): a product with
+    another activation (``matmul``/``bmm``/``einsum``) that feeds no softmax."""
     if act is None:
         return False
     through_scores = False
+    products = ("matmul", "bmm", "einsum")
+
+    def logits(u: fx.Node, n: fx.Node) -> Any:
+        """The rescaled tensor is a factor of a product with another activation that feeds no softmax."""
+        name = op_name(u)
+        if name in products:
+            flat = [b for a in u.args for b in (a if isinstance(a, (list, tuple)) else (a,))]  # einsum's list
+            factors = [a for a in flat if isinstance(a, fx.Node)]
+            if any(a is not n and _is_act(a, act) for a in factors):
+                return not _feeds_softmax(u)
+            return None
+        return FOLLOW if name in NEUTRAL_OPS or name in _VIEW_OPS + _SCALE_PATH else None
 
     def step(u: fx.Node, n: fx.Node) -> Any:
         nonlocal through_scores
@@ -674,9 +688,9 @@ def _learned_rescale(normed: fx.Node, act: Optional[set]) -> bool:
         if name in ("mul", "div") and others:
             o = others[0]
             if isinstance(o, fx.Node) and o not in act:
-                return not through_scores or _feeds_softmax(u)
+                return _feeds_softmax(u) if through_scores else not forward_walk(u, logits)
             return None if isinstance(o, fx.Node) else FOLLOW  # a constant: sqrt(d)
-        if name in ("matmul", "bmm"):
+        if name in products:
             through_scores = True
             return FOLLOW
         return FOLLOW if name in NEUTRAL_OPS or name in _VIEW_OPS + _SCALE_PATH else None
