@@ -70,6 +70,7 @@ def test_sites_outside_norm_modules_are_counted_apart_and_unrun_norm_sites_are_e
     assert summary.extra(r) == [] and summary.exact_sites(r) is True
     r["graph_site_modules"].append("head.ln")  # a site on a norm module no forward called
     assert summary.extra(r) == ["head.ln"] and summary.exact_sites(r) is False
+    assert summary.functional(dict(r, fwd_norms=None)) == []  # no forward ran: the norm modules are not known
     fig = summary.corpus_figures([r])
     assert fig["models with functional sites in other modules"] == "1"
     assert fig["graph sites on norm modules = forward norms"] == "0 / 1 (0.0%)"

@@ -124,7 +124,10 @@ def _norm_sites(r: dict[str, Any]) -> list[str]:
 def functional(r: dict[str, Any]) -> list[str]:
     """Graph sites in modules that are no norm module: a functional or hand-written norm inside another
     module (Swin-V2's cosine attention ``F.normalize`` in ``attention.self``), or something that is no norm
-    at all. Counted apart: no forward-hook ground truth can see them, so they are neither hits nor misses."""
+    at all. Counted apart: no forward-hook ground truth can see them, so they are neither hits nor misses.
+    Empty where no forward ran (the norm modules of a model never built for real are not known)."""
+    if r.get("fwd_norms") is None:
+        return []
     norms = r.get("norm_modules") or {}
     return [m for m in r.get("graph_site_modules") or [] if m not in norms]
 
@@ -212,7 +215,7 @@ def corpus_figures(rs: list[dict[str, Any]]) -> dict[str, str]:
         "every forward norm is a graph site": _pct(len(superset), len(measured)),
         "graph sites on norm modules = forward norms": _pct(sum(1 for r in measured if exact_sites(r)),
                                                              len(measured)),
-        "models with functional sites in other modules": str(sum(1 for r in aud if functional(r))),
+        "models with functional sites in other modules": str(sum(1 for r in measured if functional(r))),
         "audit s per model, median / max": _time([r["audit_s"] for r in aud if r.get("audit_s") is not None]),
         "target s (build + audit + forward), median / max":
             _time([r["total_s"] for r in rs if r.get("total_s") is not None]),
