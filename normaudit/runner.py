@@ -8,7 +8,8 @@ or as Ray tasks (``--executor ray``), results handed on in the targets' order.
   own ``--timeout``); a crash or timeout of one is that target's error and the others go on. Before the first
   fork, the parent imports torch, ``torch._dynamo`` (``FakeTensorMode`` imports ``torch._dynamo.config``, which
   loads all of dynamo: about 2 s that each worker would otherwise pay again) and, for Hugging Face targets,
-  transformers.
+  transformers and the modelling module of each ``model_type`` that several targets share
+  (:func:`shared_model_types`).
 - Ray executor: the same per-target work (:func:`audit_target`) as Ray tasks, one process per task
   (``max_calls=1``, no retries), at most ``jobs`` in flight (default: the cluster's CPUs), each cancelled with
   ``ray.cancel(force=True)`` past ``--timeout`` seconds after its submission; results are taken as they
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import logging
 import os
 import sys
@@ -144,7 +146,58 @@ def prewarm(targets: list[str]) -> None:
         try:
             import transformers  # noqa: F401
         except ImportError:
-            pass
+            return
+        for model_type in shared_model_types(targets):
+            _import_modeling(model_type)
+
+
+#: at most this many model types' modelling modules are imported before the fork (each costs ~1-2 s, on one core)
+MAX_PREWARMED_TYPES = 4
+
+
+def shared_model_types(targets: list[str]) -> list[str]:
+    """The ``model_type`` of the Hugging Face targets that at least two of ``targets`` share (the workers of
+    both would each import its modelling module again), most shared first, at most
+    :data:`MAX_PREWARMED_TYPES`. A config that cannot be read counts for nothing (its worker reports it)."""
+    from normaudit.target.hf import _read_json
+
+    counts: dict[str, int] = {}
+    for t in targets:
+        if not _looks_hf(t):
+            continue
+        p = Path(t)
+        try:
+            model_type = _read_json(p / "config.json" if p.is_dir() else p).get("model_type")
+        except Exception:  # noqa: BLE001 - bad input is the worker's to report
+            continue
+        if isinstance(model_type, str) and model_type:
+            counts[model_type] = counts.get(model_type, 0) + 1
+    shared = sorted((t for t, n in counts.items() if n >= 2), key=lambda t: -counts[t])
+    return shared[:MAX_PREWARMED_TYPES]
+
+
+def _import_modeling(model_type: str) -> None:
+    """Import transformers' own modelling module of ``model_type`` (``transformers.models.llama.modeling_llama``),
+    quietly; nothing when transformers does not know the type or the import fails (the worker reports it)."""
+    import importlib
+
+    from normaudit.target.hf import _quiet
+
+    try:
+        from transformers.models.auto import configuration_auto
+
+        if model_type not in configuration_auto.CONFIG_MAPPING_NAMES:
+            return
+        module = configuration_auto.model_type_to_module_name(model_type)
+        old = sys.dont_write_bytecode
+        sys.dont_write_bytecode = True
+        try:
+            with _quiet(), contextlib.redirect_stdout(io.StringIO()):
+                importlib.import_module(f"transformers.models.{module}.modeling_{module.rpartition('.')[2]}")
+        finally:
+            sys.dont_write_bytecode = old
+    except Exception:  # noqa: BLE001 - the worker builds the model and reports what fails
+        return
 
 
 class _InOrder:

@@ -128,3 +128,38 @@ def test_jobs_must_be_positive(capfd):
     rc, _, err = run(capfd, TINY, "-j", "0")
     assert rc == 2
     assert err.strip() == "normaudit: error: argument -j/--jobs: must be at least 1, got 0 (see 'normaudit --help')"
+
+
+#: In a fresh process: prewarm the targets given, then print which transformers modelling modules it imported.
+PREWARM = ("import json, sys; from normaudit.runner import prewarm, shared_model_types; targets = sys.argv[1:]; "
+           "prewarm(targets); print(json.dumps([shared_model_types(targets), sorted(m for m in sys.modules "
+           "if m.startswith('transformers.models.') and '.modeling_' in m)]))")
+
+
+def test_prewarm_imports_the_modelling_module_of_a_model_type_two_targets_share(tmp_path):
+    """Several Hugging Face targets of one model_type: the parent imports its modelling module once before
+    the forks (each worker would import it again); a type only one target has, an unknown type, a config that
+    is not JSON and a FIFO named config.json import nothing and raise nothing (their workers report them)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    gpt2 = {"model_type": "gpt2", "n_embd": 32, "n_layer": 2, "n_head": 2, "vocab_size": 99, "n_positions": 64}
+    targets = []
+    for name, config in (("a", gpt2), ("b", gpt2), ("c", {**gpt2, "model_type": "bert"}),
+                         ("d", {"model_type": "no-such-type"}), ("e", {"model_type": "no-such-type"})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        targets.append(str(tmp_path / name))
+    (tmp_path / "bad.json").write_text("{not json")
+    os.mkfifo(tmp_path / "fifo.json")
+    targets += [str(tmp_path / "bad.json"), str(tmp_path / "fifo.json")]
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", PREWARM, *targets], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr
+    shared, imported = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert shared == ["gpt2", "no-such-type"]
+    assert "transformers.models.gpt2.modeling_gpt2" in imported
+    assert not any("bert" in m for m in imported)  # one target only: its worker imports it, no gain here
