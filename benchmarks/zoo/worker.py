@@ -127,7 +127,10 @@ def _choose_level(model_type: str, base: dict[str, Any]):
     groups that no longer divide the experts) would otherwise be measured as a capture failure. When no
     level's forward runs (inputs the sweep cannot build), the first level that builds, with its forward's
     error as ground truth. The full-size "default" level is only a build fallback and never run for real;
-    "filled" is tried only when no other level builds.
+    "filled" is tried only when no other level builds. A level too large for a real forward, judged by a
+    meta forward only, never wins over a smaller level that built (PE-Audio-Video: once its ViT-L tower is
+    shrunk, "small" runs for real and fails on the sweep's audio inputs; the 750M-parameter "layers" level
+    then passed on meta and was audited until the capture timed out).
     ``level errors`` maps each level tried before the one chosen to why it was not chosen.
     """
     import transformers
@@ -147,6 +150,8 @@ def _choose_level(model_type: str, base: dict[str, Any]):
                 truth = {"fwd_norms": None, "fwd_inputs": "full-size config: no forward"}
             else:
                 ok, truth = _level_runs(config, precheck=level != targets.SHRINK_LEVELS[0])
+                if ok and truth["fwd_norms"] is None and first_built is not None:
+                    break  # only a meta forward judged this larger level: the smaller one built is kept
                 if ok:
                     return config, level, truth, errors
                 errors[level] = f"forward: {truth['fwd_inputs'][:200]}"
