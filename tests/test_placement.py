@@ -520,3 +520,21 @@ def test_vibevoice_acoustic_decoder_np101_is_info(placement_rules):
     np101 = [(f.module, f.severity) for f in report.findings if f.rule_id == "NP101"]
     assert np101 == [("conv_layers.0.stage.1", "info")], report.findings
     assert "disable_last_norm" in next(f.message for f in report.findings if f.rule_id == "NP101")
+
+
+def test_grounding_dino_fusion_layer_loses_no_identity_path():
+    """transformers' GroundingDinoFusionLayer (BiAttentionBlock, modeling_grounding_dino.py) captured alone, as
+    the parts capture of GroundingDinoModel sees it: ``v = layer_norm_vision(v); v = v + gamma * delta_v``.
+    The norms' outputs are the skips of their adds (skip_from_norm), but no pre norm reads the stream they
+    overwrite (the encoder layer around it is post-LN): no_identity_lost, and NP102 is silent."""
+    from transformers.models.grounding_dino.modeling_grounding_dino import GroundingDinoFusionLayer
+
+    cfg = transformers.GroundingDinoConfig(d_model=32, encoder_attention_heads=4, encoder_ffn_dim=64)
+    layer = GroundingDinoFusionLayer(cfg).eval()
+    cap = capture_model(layer, (torch.randn(2, 12, 32), torch.randn(2, 5, 32)), on_meta=False)
+    records = discover_sites(cap)
+    analyse(cap, records, ModelFacts(class_name="GroundingDinoFusionLayer"))
+    extra = {r.site.module: r.site.extra for r in records}
+    for side in ("vision", "text"):
+        e = extra[f"layer_norm_{side}"]
+        assert e.get("skip_from_norm") is True and e.get("no_identity_lost") is True, (side, e)

@@ -18,7 +18,7 @@ placeholders, ``nn_module_stack`` on every node) give the same answer.
    parameters) that is not part of a norm. The branch may read an earlier value of the stream than the one
    it is added to (``x + attn(ln1(x)) + mlp(ln2(x))``): the skip's chain of residual adds is searched.
    A skip that is itself ``[norm](W(x))`` with a single weighted op ``W`` (a projection shortcut,
-   ResNet downsampling), seen through poolings before or after ``W`` (ResNet-D, Hiera/SAM2's pooled
+   ResNet downsampling; an elementwise gain such as RWKV's time mix ``x * mu`` is no projection), seen through poolings before or after ``W`` (ResNet-D, Hiera/SAM2's pooled
    ``proj(norm1(x))``, also as ``view`` + ``amax``), also counts; the shortcut is then a second branch. A
    pooled identity ``pool(x)`` is the skip ``x``. A sum of parallel one-layer branches of one input
    (``[norm](W_i(x))``, ``[norm](x)``: RepVGG/MobileOne) is no residual add. A branch without weights counts
@@ -51,8 +51,8 @@ placeholders, ``nn_module_stack`` on every node) give the same answer.
    branch-output norms close branches whose input no norm reads: res-post-norm, Liu et al. 2022, Swin V2,
    arXiv 2111.09883, and a post-activation ResNet's ``x + BN(conv(...))``, He et al. 2016); ``mixed`` for pre with post, or when blocks of one class
    disagree; ``none`` without residual adds; ``unknown``), ``parallel_residual``, ``has_final_norm``
-   (every stack's last residual add reaches a norm, through at most one linear projection, and one of
-   them is ``final``), ``num_residual_adds`` and
+   (every stack's last residual add reaches a norm, through at most one linear projection or an
+   attention pooling head whose query does not read the stream, and one of them is ``final``), ``num_residual_adds`` and
    ``blocks``: the innermost numbered child of a ModuleList/Sequential of same-class modules that owns a
    residual add and a weighted op of its branch (``layers.0``, ``encoder.block.1``), with each norm's role.
 
@@ -62,7 +62,10 @@ output is the skip of a residual add of its own block although the norm does not
 block: ``x = norm(x); x = x + f(x)``, unless that add is itself closed by a ``post`` norm,
 ``x = ln(x + f(x))``, as in any post-LN stack, blocks as submodules or not; a norm ending a non-residual
 block, conv -> BN of a stride-2 block or a patch embedding, starts a new stream instead, as does one whose
-stream ends in a projection that re-embeds it, gcvit's downsampler); ``contracted_by_scores`` (a q/k norm
+stream ends in a projection that re-embeds it, gcvit's downsampler, and an embedding norm inside the first
+block, RWKV's ``blocks.0.pre_ln``); ``no_identity_lost`` (with ``skip_from_norm``: the stream it overwrites
+has no identity path to lose, being already a norm's output or read by no ``pre`` norm of a branch input:
+normalised at every block, as in post-LN; :func:`_cuts_identity`); ``contracted_by_scores`` (a q/k norm
 reducing the dims its scores contract: head_dim, or the tokens of cross-covariance attention); ``feeds_norm`` / ``reads_norm`` (the module of a
 norm that is the only consumer of / the only input to this one, with nothing but casts and views
 between); ``majority_placement`` and ``majority_blocks`` (the role of the same norm in a strict majority of the
@@ -117,6 +120,8 @@ SCORE_OPS = ("sdpa", "matmul", "einsum", "baddbmm")
 SHAPE_ONLY_OPS = ("new_zeros", "new_ones", "new_empty", "new_full", "new_tensor", "zeros_like", "ones_like",
                   "empty_like", "full_like", "rand_like", "randn_like", "randint_like", "size", "dim", "numel",
                   "sym_size", "sym_numel", "sym_stride")
+#: elementwise arithmetic that, with a parameter operand, scales or shifts each element: no projection
+GAIN_OPS = ("mul", "div", "add", "sub", "addcmul", "addcdiv")
 CONTAINERS = (nn.ModuleList, nn.Sequential)
 #: parameter-free modules that pass the stream through unchanged (in eval mode, or up to scaling)
 NEUTRAL_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout,
@@ -285,6 +290,14 @@ class _Graph:
     def is_weighted(self, n: fx.Node) -> bool:
         return bool((self.weighted_mask >> self.idx[n]) & 1)
 
+    def is_gain(self, n: fx.Node) -> bool:
+        """``n`` is elementwise arithmetic of one activation with parameters (``x * gamma``, ``x + bias``,
+        ``shift(x) * (1 - mix)``): weighted, but a per-element scaling or offset, not a projection that mixes
+        features (a linear/conv layer, a matmul with a weight)."""
+        if op_name(n) not in GAIN_OPS or not self.is_weighted(n):
+            return False
+        return len([a for a in self.inputs[n] if a not in self.pderived and a not in self.const]) == 1
+
 
 def _is_pool_module(mod: Optional[nn.Module]) -> bool:
     return isinstance(mod, (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d,
@@ -382,8 +395,8 @@ def _shortcut_source(g: _Graph, skip: fx.Node) -> Optional[tuple[fx.Node, fx.Nod
             if not ins:
                 return None
             node = g.strip(ins[0])
-    if not g.is_weighted(node):
-        return None
+    if not g.is_weighted(node) or g.is_gain(node):
+        return None  # an elementwise gain is no projection: RWKV's time mix x * mu + shift(x) * (1 - mu)
     acts = [a for a in g.inputs[node] if a not in g.pderived and a not in g.const]
     if len(acts) != 1:
         return None
@@ -861,12 +874,39 @@ def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
     for info, add in skip_from_norm:
         if add.node not in post_inputs:
             info.rec.site.extra["skip_from_norm"] = True
+            if not _cuts_identity(g, info, add, infos, residual):
+                info.rec.site.extra["no_identity_lost"] = True
 
     for info in infos:
         info.rec.site.placement = info.placement  # type: ignore[assignment]
 
     _double_norms(g, infos)
     _model_facts(g, adds, residual, infos, model, candidates)
+
+
+def _cuts_identity(g: _Graph, info: "_SiteInfo", add: ResidualAdd, infos: list["_SiteInfo"],
+                   residual: dict[fx.Node, ResidualAdd]) -> bool:
+    """A norm whose output is the skip of its block's residual add (``x = norm(x); x = x + f(x)``) cuts an
+    identity path the stack keeps elsewhere: a pre-LN fault (Xiong et al. 2020 keep ``x`` on the skip). Not
+    when the stream it reads is already a norm's output (``LN(LN(x))``: nothing un-normalised is lost; a
+    post-LN layer's output re-normalised by the next block, GroundingDINO's fusion layer after the
+    deformable layer's ``final_layer_norm``); not when no norm of its stream is a ``pre`` norm reading a
+    branch's input (the stream is normalised at every block, as in post-LN: no identity path to keep;
+    GroundingDINO's BiAttentionBlock captured alone, whose stack is post-LN). The stream: the residual adds
+    the norm's input continues (back along their skips) and those its add leads to."""
+    norm_outs = {n for o in infos if o is not info for n in (g.site_out.get(id(o.rec)), o.rec.output) if n is not None}
+    if info.inp in norm_outs:
+        return False
+    stream = {add.node} | {a.node for a in _stream_reach(g, add.node, residual)}
+    node: Any = info.inp
+    for _ in range(64):
+        node = g.strip(node)
+        stream.add(node)
+        if node not in residual:
+            break
+        node = residual[node].skip
+    return any(o.placement == "pre" and o.rec.site.extra.get("branch_position") == "input" and not o.feeds_shortcut
+               and o.inp in stream for o in infos)
 
 
 def _stream_placement(g: _Graph, info: "_SiteInfo", residual: dict[fx.Node, ResidualAdd], add_mask: int,
@@ -884,10 +924,15 @@ def _stream_placement(g: _Graph, info: "_SiteInfo", residual: dict[fx.Node, Resi
         # stream a projection re-embeds (a downsampler's local residual) starts a stream: ``embedding``
         reads = _reads_stream(g, info.inp, residual)
         local = reads and _reembedded(g, direct[0], ahead, add_mask)
-        starts = not reads or local or (info.block is None and not after_add)
+        # an embedding norm inside the first block: it reads the embeddings before any residual add and the
+        # branch has its own pre norm on its output (RWKV's blocks.0.pre_ln, ln0 of the reference:
+        # x = pre_ln(x); x = x + attn(ln1(x)))
+        in_block = not after_add and any(o.placement == "pre" and o.inp in mine
+                                         for o in branch_norms.get(direct[0].node, []))
+        starts = not reads or local or in_block or (info.block is None and not after_add)
         info.placement = "embedding" if starts else "post"
         closes = info.inp in residual and residual[info.inp].block == info.block
-        if direct[0].block == info.block and not closes and reads and not local:
+        if direct[0].block == info.block and not closes and reads and not local and not in_block:
             return direct[0]
     elif ahead:
         info.placement = "embedding"  # feeds a projection that (re-)embeds the stream (patch merging)
@@ -1201,6 +1246,37 @@ def _normed_later(g: _Graph, node: fx.Node, norm_inputs: set[fx.Node]) -> bool:
             elif not projected and g.is_weighted(u) and (name in ("linear", "conv") or isinstance(
                     mod, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))):
                 todo.append((u, True))
+            elif _attention_pool(g, u, n, node):
+                todo.append((u, False))  # pooled tokens: their output projection may come next
+    return False
+
+
+def _attention_pool(g: _Graph, attn: fx.Node, src: fx.Node, stream: fx.Node) -> bool:
+    """``attn`` pools the ``stream`` over its tokens with attention: ``src`` (the stream's key or value
+    projection, seen through views) is its key or value and the query does not depend on the stream (a
+    learned probe: VideoPrism's and SigLIP's attention pooling heads, Set Transformer's PMA, Lee et al.
+    2019, arXiv 1810.00825), so the output has the probe's tokens, not the stream's: the sequence axis is
+    reduced, as by a mean. ``sdpa(q, k, v)``, or the eager ``softmax(q @ k^T) @ v`` reached from ``v``
+    (the scores reached from ``k`` go on only through ``v``'s product)."""
+    name = op_name(attn)
+    if name == "sdpa":
+        q = attn.args[0] if attn.args else None
+        return isinstance(q, fx.Node) and src in attn.args[1:3] and not g.anc_or_eq(stream, q)
+    if name not in ("matmul", "bmm", "einsum") or g.is_weighted(attn):
+        return False
+    acts = [a for a in g.inputs[attn] if a not in g.pderived and a not in g.const]
+    if len(acts) != 2 or src not in acts:
+        return False
+    probs = acts[1] if acts[0] is src else acts[0]
+    node = probs
+    for _ in range(12):  # back from the attention map through softmax, scaling, masks, dropout to the scores
+        if op_name(node) in ("matmul", "bmm", "einsum") and len(g.inputs[node]) == 2:  # q @ k^T (q may be a
+            # parameter's projection: a constant of the graph)
+            return _feeds_softmax(g, node) and not all(g.anc_or_eq(stream, a) for a in g.inputs[node])
+        ins = [a for a in g.inputs[node] if a not in g.pderived and a not in g.const]
+        if len(ins) != 1:
+            return False
+        node = ins[0]
     return False
 
 
