@@ -125,11 +125,12 @@ def _light_audit(model, inputs=None, rules=None, on_meta=False):
 
 
 @pytest.mark.parametrize("name", ["NP101_2", "NP101_3", "NP102_1", "NP103_1", "NP104_1", "NP104_5", "NP104_6", "NP102_7",
-                                  "NP101_7"])
+                                  "NP101_7", "NP101_11"])
 def test_symbolic_trace_and_export_agree(name):
     """Pre-LN with dropout modules on the stream, parallel residuals, skip-from-norm with a hand-written RMS
     norm, post-LN with a double norm, mixed blocks, pooled projection shortcuts (Hiera, MaxViT), RepVGG branch
-    sums, a downsampler's local residual and contrastive logits: the same placements, blocks and model facts
+    sums, a downsampler's local residual, contrastive logits and a token gather before the final norm
+    (``x[order]``: ``getitem`` traced, ``aten.index`` exported): the same placements, blocks and model facts
     from both capture methods."""
     module = _load(FIXTURES / f"{name}.py")
     torch.manual_seed(0)

@@ -1226,7 +1226,8 @@ def _off_stream(info: Optional[_SiteInfo], sizes: set[int]) -> bool:
 
 
 def _normed_later(g: _Graph, node: fx.Node, norm_inputs: set[fx.Node]) -> bool:
-    """``node`` reaches a stream norm's input through casts, views, slicing, pooling (functional or a pooling
+    """``node`` reaches a stream norm's input through casts, views, slicing, token gathers (``x[order]`` under export
+    is ``index``: MuseSpark's vision tower undoes its window order before ``ln_post``), pooling (functional or a pooling
     / ``nn.Flatten`` module), scalings by a constant (diffusers' ``(x + h) / output_scale_factor``) and at
     most one linear projection (a conv or linear layer: a SAM/ViTDet neck ``conv1 -> LayerNorm2d`` normalises
     the projected stream)."""
@@ -1241,7 +1242,8 @@ def _normed_later(g: _Graph, node: fx.Node, norm_inputs: set[fx.Node]) -> bool:
             mod = g.modules.get(str(u.target)) if u.op == "call_module" else None
             scaling = name in ("mul", "div") and all(a in g.const for a in g.inputs[u] if a is not n)
             if (g.is_alias(u) or name in POOL_OPS or scaling or _is_pool_module(mod) or isinstance(mod, nn.Flatten) or
-                    name in ("getitem", "select", "slice", "type_as", "mean", "amax", "adaptive_avg_pool1d", "cat")):
+                    name in ("getitem", "select", "slice", "index", "index_select", "type_as", "mean", "amax",
+                             "adaptive_avg_pool1d", "cat")):
                 todo.append((u, projected))
             elif not projected and g.is_weighted(u) and (name in ("linear", "conv") or isinstance(
                     mod, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))):
