@@ -579,3 +579,45 @@ def test_tokens_merged_into_features_by_plain_int_sizes_are_features(method):
     env = axes_pass.label_graph(cap)
     views = [n for n in cap.gm.graph.nodes if axes_pass._raw_name(n) in ("view", "reshape", "_unsafe_view")]
     assert [axes_pass.axes_text(env[n]) for n in views] == [["batch", "feature"]] * 3 + [["batch", "batch*feature"]]
+
+
+class FramedWaveform(nn.Module):
+    """A (batch, samples) waveform cut into frames of 80 samples and each frame standardised over its own
+    samples (MoonshineStreaming's FrameCMVN): ``framed`` stays framed and is read by Linear(80, 16) through
+    asinh(k * x); ``windows`` is read by no parameter; ``restored`` is reshaped back to (batch, samples), a
+    hand-written GroupNorm of 8 groups along the samples."""
+
+    def __init__(self, frame_len=80):
+        super().__init__()
+        self.frame_len = frame_len
+        self.log_k = nn.Parameter(torch.zeros(()))
+        self.proj = nn.Linear(frame_len, 16)
+
+    @staticmethod
+    def cmvn(x):
+        centered = x - x.mean(-1, keepdim=True)
+        return centered / (centered.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
+
+    def forward(self, input_values):
+        b = input_values.shape[0]
+        framed = self.cmvn(input_values.reshape(b, -1, self.frame_len))
+        windows = self.cmvn(input_values.reshape(b, -1, self.frame_len) * 2)
+        restored = self.cmvn((input_values + 1).reshape(b, 8, -1)).reshape(input_values.shape)
+        return self.proj(torch.asinh(torch.exp(self.log_k) * framed)), windows, restored
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_waveform_cut_into_frames_read_by_a_linear_is_tokens_of_features(method):
+    """Frames read by Linear(frame_len, .) are tokens whose samples are features: (batch, sequence, feature),
+    a LayerNorm over each frame's feature, not a GroupNorm of the waveform; frames read by no parameter keep
+    their sequence label; a grouped view reshaped back to the waveform stays a GroupNorm (8 groups, dim 1)."""
+    cap = capture_model(FramedWaveform(), (torch.randn(2, 640),), on_meta=False, methods=(method,))
+    assert cap.method == method, cap.attempts
+    records = discover_sites(cap)
+    env = axes_pass.label_graph(cap, [("batch",), ("sequence",)])  # export names the input args_0
+    got = [(r.site.kind, axes_pass.axes_text(env[r.input]), r.site.reduced_dims, r.site.num_groups)
+           for r in records]
+    assert got == [("LayerNorm", ["batch", "sequence", "feature"], [2], None),
+                   ("LayerNorm", ["batch", "sequence", "sequence"], [2], None),
+                   ("GroupNorm", ["batch", "sequence"], [1], 8)]
+    assert records[2].site.group_split.dim == 1

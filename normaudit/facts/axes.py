@@ -758,6 +758,29 @@ def _fixed_sizes(node: fx.Node, rank: int, cap: Optional[Capture] = None,
     return fixed if any(fixed) else None
 
 
+def _frames_as_features(node: fx.Node, dims: list[Dim], cap: Optional[Capture],
+                        params: Optional[set]) -> list[Dim]:
+    """``dims`` of a reshape, with a last dim made only of the inner pieces of a cut token axis
+    (:data:`PATCH` parts of batch/sequence, no channel/feature part) relabelled ``feature`` when a parameter
+    reading it has its size (:func:`_sized_by_parameter`): a waveform ``(batch, samples)`` cut into frames,
+    ``x.reshape(B, -1, frame_len)`` read by ``nn.Linear(frame_len, hidden)`` (MoonshineStreaming), is
+    ``(batch, sequence, feature)``: the frame is the token and its samples are its features, like a ViT
+    patch's pixels. Without such a parameter (a window of tokens split off for attention) the dim stays."""
+    last = dims[-1] if dims else ()
+    if cap is None or not last or any(PATCH not in names or not set(names) - {PATCH} <= set(TOKEN)
+                                      for names, _ in last):
+        return dims
+    size = _dsize(last)
+    if size > 1 and _sized_by_parameter(node, size, cap, params or set()):
+        return dims[:-1] + [((("feature",), size),)]
+    return dims
+
+
+#: element-wise unary maps a feature passes through unchanged in layout (compressions, activations)
+_UNARY = ("pow", "square", "neg", "abs", "sign", "exp", "log", "log1p", "sqrt", "rsqrt", "asinh", "sinh", "tanh",
+          "atan", "sigmoid", "silu", "gelu", "relu", "erf", "clamp", "clip")
+
+
 def _sized_by_parameter(node: fx.Node, size: int, cap: Capture, params: set) -> bool:
     """True when a layer reading ``node`` (through casts and element-wise ops that keep its shape) holds a
     parameter whose last dim is ``size`` along ``node``'s last dim: a Linear's input features, a LayerNorm's
@@ -774,7 +797,7 @@ def _sized_by_parameter(node: fx.Node, size: int, cap: Capture, params: set) -> 
                 if _parameter_size(user, n, cap, params) == size:
                     return True
                 if shape(user) == shape(node) and (op_name(user) in ("to", "alias", "dropout", "contiguous")
-                                                   or op_name(user) in _ELEMENTWISE + ("pow", "square", "neg")):
+                                                   or op_name(user) in _ELEMENTWISE + _UNARY):
                     nxt.append(user)
         frontier = nxt
     return False
@@ -976,7 +999,8 @@ def _layout_dims(node: fx.Node, name: str, raw: str, x: list[Dim], out_shape: Se
     if name in ("view", "flatten", "unflatten", "squeeze", "view_as", "reshape_as", "_reshape_alias",
                 "reshape") or raw in ("view", "reshape", "_unsafe_view", "flatten", "unflatten", "squeeze",
                                       "view_as", "reshape_as", "ravel"):
-        return _reshape(x, out_shape, _fixed_sizes(node, len(out_shape), cap, params))
+        return _frames_as_features(node, _reshape(x, out_shape, _fixed_sizes(node, len(out_shape), cap, params)),
+                                   cap, params)
     if name == "unsqueeze":
         d = int(arg(node, 1, "dim", 0)) % (rank + 1)
         labs = list(x)

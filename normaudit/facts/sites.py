@@ -929,6 +929,8 @@ def _hand_written_sites(gm: fx.GraphModule, modules: dict, claimed: set, act: Op
         combined = _combined(scale, applied)
         kind = "Other" if form == "gated" or combined else None
         group = _group_view(info["source"], info["dims"]) if kind is None and centered else None
+        if group is not None and not _restored(applied, shape(group[0])):
+            group = None  # the result stays in the view: a norm over the view's dims (a framed waveform)
         if group is not None:  # a hand-written GroupNorm: the site normalises the tensor before the reshape
             base, split = group
             rec = add_pattern(owner(node, modules), node, stat, applied, base, list(range(1, len(shape(base)))),
@@ -982,6 +984,31 @@ def _group_view(src: Any, dims) -> Optional[tuple[fx.Node, GroupSplit]]:
             return base, GroupSplit(groups=groups, dim=j, per_group=before * xs[j] // groups, spans=spans)
         before *= xs[j]
     return None
+
+
+def _restored(applied: fx.Node, xs: Optional[tuple[int, ...]], hops: int = 6) -> bool:
+    """True when the normalised grouped view ``applied`` is given back the layout ``xs`` of the tensor it
+    views, as a GroupNorm's output is (Wu & He 2018: the groups are a temporary view of the channels): it has
+    that shape already (the statistic applied to ``x`` itself), or a reshape to ``xs`` follows within a few
+    casts, element-wise ops and per-group affine ops. A result that stays in the view (a waveform cut into
+    frames of a fixed length, each frame standardised and read by ``nn.Linear(frame_len, hidden)``:
+    MoonshineStreaming's FrameCMVN) is a norm over the view's own dims, not a grouping of ``x``'s channels."""
+    if not xs:
+        return False
+    frontier, seen = [applied], {applied}
+    for _ in range(hops):
+        nxt = []
+        for n in frontier:
+            if tuple(shape(n) or ()) == tuple(xs):
+                return True
+            for user in n.users:
+                name = op_name(user)
+                if user not in seen and (name in NEUTRAL_OPS or name in _GROUP_VIEWS
+                                         or name in ("mul", "add", "sub", "div", "contiguous")):
+                    seen.add(user)
+                    nxt.append(user)
+        frontier = nxt
+    return False
 
 
 def _finish_group_norm(rec: SiteRecord, split: GroupSplit, modules: dict) -> None:
