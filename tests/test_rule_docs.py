@@ -93,7 +93,7 @@ def test_rules_format_json(capsys, tmp_path, rules):
     ne103 = next(r for r in doc if r["id"] == "NE103")
     assert ne103 == {"id": "NE103", "name": "eps-zero", "category": "eps", "severity": "error", "confidence": "high",
                      "summary": "Flags a norm whose eps is 0 (or negative), and a hand-written norm that adds no eps "
-                                "at all before its square root.",
+                                "at all before its square root, or divides by an L2 norm with nothing added or clamped.",
                      "docs": "docs/rules/NE103.md"}
     assert doc_path("NE103") == ne103["docs"] and (ROOT / ne103["docs"]).is_file()
     assert doc[-1]["docs"] is None  # a user's rule has no page of ours
