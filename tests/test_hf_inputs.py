@@ -418,3 +418,32 @@ def test_forecaster_padding_and_frequency_are_built_and_captured(rules):
     graphed = sorted({s.module for s in report.sites if s.detected_by != "module_walk"})
     assert graphed == ["layers.0.input_layernorm", "layers.0.mlp.layer_norm"] == sorted(norms)
     assert report.capture.unaudited == []
+
+
+class _TwoMainInputs(nn.Module):
+    """A model with several main inputs, as transformers allows (OneFormer: ``main_input_name =
+    ["pixel_values", "task_inputs"]``, modeling_oneformer.py:2855): the first one is the main input."""
+
+    main_input_name = ["pixel_values", "task_inputs"]
+
+    def __init__(self):
+        super().__init__()
+        from transformers import PretrainedConfig
+
+        self.config = PretrainedConfig(num_channels=3, image_size=32)
+        self.norm = nn.LayerNorm(32)
+
+    def forward(self, pixel_values, task_inputs=None):
+        return self.norm(pixel_values)
+
+
+def test_a_list_of_main_input_names_is_no_crash():
+    """OneFormer's list-valued main_input_name crashed the input builder (TypeError: unhashable type: 'list',
+    exit 3 in the zoo sweep); the first name is the main input."""
+    from normaudit.target.inputs import _main_input_name
+
+    model = _TwoMainInputs()
+    assert _main_input_name(model) == "pixel_values"
+    inputs, described = infer_hf_inputs(model)
+    assert list(inputs) == ["pixel_values"] and described == "pixel_values float (2, 3, 32, 32)"
+    assert tuple(inputs["pixel_values"].shape) == (2, 3, 32, 32)

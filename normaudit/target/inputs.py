@@ -471,13 +471,22 @@ def _with_suffix_builders(params: dict[str, inspect.Parameter],
             builders[name] = builders[kind]
 
 
+def _main_input_name(model: Any) -> Optional[str]:
+    """``model.main_input_name``: a string, or for a model with several main inputs (transformers allows a
+    list: OneFormer's ``["pixel_values", "task_inputs"]``) the first of them; None when there is none."""
+    name = getattr(model, "main_input_name", None)
+    if isinstance(name, (list, tuple)):
+        name = next((n for n in name if isinstance(n, str)), None)
+    return name if isinstance(name, str) else None
+
+
 def _with_renamed_main(model: nn.Module, params: dict[str, inspect.Parameter],
                        builders: dict[str, Callable[[Any], Iterator[torch.Tensor]]]) -> None:
     """When ``forward`` does not name ``main_input_name`` and no required parameter has a builder, give the
     first required parameter the builder of the main input, in place: VibeVoice's acoustic tokenizer
     encoder declares ``input_values`` but its forward takes the waveform as ``hidden_states`` ``(B, 1, T)``.
     Not for an ``input_ids`` main input (the name towers inherit from ``PreTrainedModel`` whatever they take)."""
-    main, required = getattr(model, "main_input_name", None), _required(params)
+    main, required = _main_input_name(model), _required(params)
     if (main in _named(params) or main == "input_ids" or main not in builders or not required
             or any(n in builders for n in required)):
         return
@@ -513,7 +522,7 @@ def _wanted(model: nn.Module, config: Any, params: dict[str, inspect.Parameter],
     is added too (``grid_thw``, ``merge_sizes``)."""
     builders = BUILDERS if builders is None else builders
     named, required = _named(params), _required(params)
-    main = getattr(model, "main_input_name", None)
+    main = _main_input_name(model)
     if named and main not in named:
         main = next((n for n in required if n in builders), None)
     names = [main] if main in builders else []
@@ -556,7 +565,7 @@ def infer_hf_inputs(model: nn.Module) -> Optional[tuple[Any, str]]:
     tokens in ``input_ids``, audio-language models audio ones (:func:`_with_placeholders`). Never raises.
     """
     config = getattr(model, "config", None)
-    name = getattr(model, "main_input_name", None)
+    name = _main_input_name(model)
     if config is None or name is None:
         return None
     params = _forward_params(model)
@@ -637,7 +646,7 @@ def main_tower_inputs(model: nn.Module, kwargs: dict[str, Any]) -> Optional[dict
     towers left out are then captured alone as parts the forward never called. None when ``kwargs`` hold
     no other tower's inputs, or the main input is one of them."""
     params = _forward_params(model)
-    main = getattr(model, "main_input_name", None)
+    main = _main_input_name(model)
     if main not in _named(params) or main in _TOWER_INPUTS:
         return None
     drop = {k for k in kwargs if k in _TOWER_INPUTS}
