@@ -264,13 +264,34 @@ def _passed_key(rec: Any, modules: Mapping[str, Any]) -> Optional[tuple[str, str
     return constructor_eps(site.definition, module, parent, attr)
 
 
+def _at_path(data: Any, text: Optional[str]) -> Optional[tuple[str, float]]:
+    """The number the constructor's eps expression ``text`` names in ``data`` when it is a dotted config path
+    into a sub-config (``config.vision_config.rms_norm_eps`` -> ``data["vision_config"]["rms_norm_eps"]``, as
+    ``("vision_config.rms_norm_eps", 1e-06)``); None for a top-level key, another expression or no number."""
+    parts = (text or "").split(".")
+    if not all(p.isidentifier() for p in parts):
+        return None
+    while parts and parts[0] in ("self", "config"):
+        parts.pop(0)
+    if len(parts) < 2:
+        return None
+    node = data
+    for part in parts:
+        node = node.get(part) if isinstance(node, Mapping) else None
+    if isinstance(node, (int, float)) and not isinstance(node, bool):
+        return ".".join(parts), float(node)
+    return None
+
+
 def declared_eps(site: Site, effective: Optional[float], sources: list[ConfigSource],
-                 passed: Optional[str]) -> tuple[list[ConfigEps], bool]:
+                 passed: Optional[str], passed_text: Optional[str] = None) -> tuple[list[ConfigEps], bool]:
     """What each configuration declares for ``site`` and whether its eps was changed after construction.
 
     ``--config`` and checkpoint configs apply to every site; of the model's own configs (``scope``: the
     submodule keeping it) only the deepest one holding the site that declares a key counts. ``passed`` (the
-    key the constructor passes) is looked up first. ``changed``: the constructor passes a key the model's own
+    key the constructor passes) is looked up first, at the sub-config ``passed_text`` names when it is a dotted
+    path (``eps=config.vision_config.rms_norm_eps``: ERNIE-4.5-VL's resampler, whose text config says another
+    eps). ``changed``: the constructor passes a key the model's own
     configs in scope hold, and the eps differs from every value they give it (so it was altered after
     construction, whatever the configs' origin).
     """
@@ -285,13 +306,15 @@ def declared_eps(site: Site, effective: Optional[float], sources: list[ConfigSou
         is_own = src.scope is not None
         if is_own and own_taken:
             continue
-        found = find_eps_key(src.data, keys) or (find_generic_eps(src.data) if site.kind in _GENERIC_KINDS else None)
+        at_path = _at_path(src.data, passed_text) if passed else None
+        found = at_path or find_eps_key(src.data, keys) or (
+            find_generic_eps(src.data) if site.kind in _GENERIC_KINDS else None)
         if found is None:
             continue
         key, value = found
         own_taken = own_taken or is_own
         out.append(ConfigEps(origin=src.origin, source=src.source, key=key, value=value,
-                             matches=_close(effective, value), passed=bool(passed) and key == passed))
+                             matches=_close(effective, value), passed=bool(passed) and (key == passed or bool(at_path))))
     held = [v for s in own for v in all_values(s.data, passed)] if passed else []
     changed = bool(held) and effective is not None and not any(_close(effective, v) for v in held)
     return out, changed
@@ -325,7 +348,7 @@ def analyse(ctx: Any, records: list) -> None:
             facts.declared, facts.changed = [], False
         else:
             facts.declared, facts.changed = declared_eps(site, facts.effective, sources,
-                                                         passed[0] if passed else None)
+                                                         passed[0] if passed else None, passed[1] if passed else None)
         if facts.effective is not None:
             facts.dtype, facts.dtype_basis = eps_dtype_of(site, getattr(rec, "nodes", None))
             if facts.dtype is not None:
