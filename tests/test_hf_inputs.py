@@ -2,6 +2,8 @@
 and the captures they give."""
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -270,15 +272,22 @@ MECHANISMS = {
 }
 
 
-@pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
-def test_inputs_of_the_forward_are_built_and_captured(mechanism, rules):
-    (config_cls, kw), expected, sites = MECHANISMS[mechanism]
+def _built_and_captured(config_cls: str, kw: dict, expected: str, rules) -> tuple[nn.Module, Any, list[str]]:
+    """Build ``config_cls(**kw)``'s model on meta, check the inputs built for it (``expected``, as the report
+    describes them) and that it is captured whole by export; returns the model, the report and the modules of
+    the sites found in the graph (one per call)."""
     model = _auto_meta(config_cls, **kw).eval()
     assert infer_hf_inputs(model)[1] == expected
     report = audit_model(model, rules=rules, on_meta=True)
     assert report.capture.complete and report.capture.method == "export", report.capture.attempts
+    return model, report, [s.module for s in report.sites if s.detected_by != "module_walk"]
+
+
+@pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
+def test_inputs_of_the_forward_are_built_and_captured(mechanism, rules):
+    (config_cls, kw), expected, sites = MECHANISMS[mechanism]
+    model, report, graphed = _built_and_captured(config_cls, kw, expected, rules)
     norms = _norm_modules(model)
-    graphed = [s.module for s in report.sites if s.detected_by != "module_walk"]  # from the graph
     assert len(graphed) == sites and sorted(set(graphed)) == sorted(norms)  # every norm module, each call
     assert report.capture.unaudited == []
 
@@ -366,13 +375,10 @@ SHAPED = {
 @pytest.mark.parametrize("mechanism", sorted(SHAPED))
 def test_inputs_shaped_by_the_config_are_built_and_captured(mechanism, rules):
     (config_cls, kw), expected, count = SHAPED[mechanism]
-    model = _auto_meta(config_cls, **kw).eval()
-    assert infer_hf_inputs(model)[1] == expected
-    report = audit_model(model, rules=rules, on_meta=True)
-    assert report.capture.complete and report.capture.method == "export", report.capture.attempts
+    model, report, graphed = _built_and_captured(config_cls, kw, expected, rules)
     # RT-DETR's frozen BatchNorms (buffers, no nn.BatchNorm2d) are norms too
     norms = set(_norm_modules(model)) | {n for n, m in model.named_modules() if type(m).__name__.endswith("BatchNorm2d")}
-    graphed = sorted({s.module for s in report.sites if s.detected_by != "module_walk"})
+    graphed = sorted(set(graphed))
     assert graphed == sorted(norms) and len(norms) == count and report.capture.unaudited == []
 
 
