@@ -301,3 +301,41 @@ def test_out_features_that_are_not_stage_names_are_left_alone():
         "out_features"] == ["stage2"]
     assert targets.shrink_config_dict({"num_hidden_layers": 4, "out_features": [64, 64, 128]})[
         "out_features"] == [64, 64, 128]
+
+
+def test_placeholder_tokens_are_put_inside_the_shrunk_text_vocab():
+    # LLaVA-like: the text vocab is cut to 1024, the top-level image/video ids kept their checkpoint values
+    # (a real forward's embedding lookup then fails); the text model's own bos/eos keep their ids
+    d = targets.shrink_config_dict({
+        "image_token_index": 32000, "video_token_index": 32001, "vision_start_token_id": 31999,
+        "text_config": {"hidden_size": 4096, "vocab_size": 32064, "bos_token_id": 1, "eos_token_id": 1023}})
+    assert d["text_config"]["vocab_size"] == 1024 and d["text_config"]["eos_token_id"] == 1023
+    assert (d["vision_start_token_id"], d["image_token_index"], d["video_token_index"]) == (1020, 1021, 1022)
+
+
+def test_placeholder_tokens_left_none_are_given_one():
+    # BLIP-2 / Voxtral: image_token_index / audio_token_id None in the defaults: no placeholder is built
+    d = targets.shrink_config_dict({"image_token_index": None, "audio_token_id": None, "pad_token_id": None,
+                                    "text_config": {"hidden_size": 2560, "vocab_size": 50272}})
+    assert (d["image_token_index"], d["audio_token_id"], d["pad_token_id"]) == (1023, 1022, None)
+    # ids already inside the vocab and the "default" level are left alone
+    same = {"image_token_index": 5, "text_config": {"hidden_size": 64, "vocab_size": 99}}
+    assert targets.shrink_config_dict(same)["image_token_index"] == 5
+    assert targets.shrink_config_dict({"image_token_index": None, "vocab_size": 50272}, "default")[
+        "image_token_index"] is None
+
+
+def test_blip2_image_forward_runs_the_whole_model_with_filled_placeholders():
+    # the shrunk BLIP-2 (image_token_index None -> 1023) runs its vision tower, Q-Former and projector in one
+    # forward on normaudit's own inputs (placeholders counted on the meta twin)
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    forward = pytest.importorskip("forward")
+    cls = transformers.CONFIG_MAPPING["blip-2"]
+    config = cls.from_dict(targets.shrink_config_dict(cls().to_dict()))
+    assert config.image_token_index == 1023
+    torch.manual_seed(0)
+    model = transformers.Blip2Model(config)
+    called, label = forward.forward_norms(model, config)
+    assert "normaudit's inputs" in label.split(" | ")
+    assert {"vision_model.post_layernorm", "qformer.layernorm"} <= called

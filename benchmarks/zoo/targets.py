@@ -236,7 +236,51 @@ def shrink_config_dict(d: dict[str, Any], level: str = "small") -> dict[str, Any
         return d
     _shrink_widths(d, *WIDTHS[level])
     _shrink_lists(d)
+    fit_placeholder_tokens(d)
     return d
+
+
+#: placeholder tokens a multimodal model scatters its image/video/audio features into (``image_token_index``)
+_PLACEHOLDER = re.compile(r"^(image|video|audio)_token_(id|index)$")
+_TOP_TOKEN = re.compile(r"^\w+_token_(id|index)$")
+
+
+def _text_vocab(d: dict[str, Any]) -> int | None:
+    text = d.get("text_config") if isinstance(d.get("text_config"), dict) else d
+    vocab = text.get("vocab_size", d.get("vocab_size"))
+    return vocab if _is_int(vocab) and vocab > 0 else None
+
+
+def fit_placeholder_tokens(d: dict[str, Any]) -> None:
+    """Special-token ids of a multimodal config's top level lie inside the shrunk text vocabulary, and
+    placeholder ids (:data:`_PLACEHOLDER`) the defaults leave ``None`` are given one, as transformers' model
+    testers do (BLIP-2 ``image_token_index`` 4 of a 99-token vocab). The text sub-config's vocab is cut to
+    1024 while the ids beside it keep their checkpoint values (LLaVA ``image_token_index`` 32000, Qwen2-VL
+    151655): a real forward then fails on the embedding lookup, and with ``None`` (BLIP-2, InstructBLIP,
+    Voxtral, MiniCPM-V) no placeholder is built, so the towers never run with the whole model. Ids out of
+    range are mapped, in their order, to the highest ids no in-range special token holds; ``None``
+    placeholders get the next ones down. ``d``: the shrunk config dict, changed in place."""
+    vocab = _text_vocab(d)
+    if vocab is None or vocab < 16:
+        return
+    keys = [k for k, v in d.items() if _TOP_TOKEN.match(str(k)) and (_is_int(v) and v >= vocab
+                                                                     or v is None and _PLACEHOLDER.match(k))]
+    if not keys:
+        return
+    taken = {v for v in _all_token_ids(d) if v < vocab}
+    free = (i for i in range(vocab - 1, 0, -1) if i not in taken)
+    old = sorted({d[k] for k in keys if d[k] is not None})
+    new = dict(zip(old, sorted(next(free) for _ in old)))
+    for k in keys:
+        d[k] = new[d[k]] if d[k] is not None else next(free)
+
+
+def _all_token_ids(d: dict[str, Any]):
+    for key, value in d.items():
+        if isinstance(value, dict) and key not in ("id2label", "label2id"):
+            yield from _all_token_ids(value)
+        elif _TOKEN_KEY.match(str(key)) and _is_int(value):
+            yield value
 
 
 _HEAD_DIM_KEY = re.compile(r"^(.*_)?head_?dim$")
