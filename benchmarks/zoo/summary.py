@@ -216,12 +216,50 @@ def corpus_figures(rs: list[dict[str, Any]]) -> dict[str, str]:
         "graph sites on norm modules = forward norms": _pct(sum(1 for r in measured if exact_sites(r)),
                                                              len(measured)),
         "models with functional sites in other modules": str(sum(1 for r in measured if functional(r))),
+        "forward norms that are graph sites (all measured models)": _pct(*_norm_hits(measured)),
+        "covered, of all targets": _pct(sum(covered(r) for r in built), len(rs)),
+        **{f"not covered: {cause}": str(n) for cause, n in uncovered_causes(rs).items()},
         "audit s per model, median / max": _time([r["audit_s"] for r in aud if r.get("audit_s") is not None]),
         "target s (build + audit + forward), median / max":
             _time([r["total_s"] for r in rs if r.get("total_s") is not None]),
         "CPU s per target, median / max": _time([r["cpu_s"] for r in rs if r.get("cpu_s") is not None]),
         "CPU min, all targets": f"{sum(r.get('cpu_s') or 0 for r in rs) / 60:.1f}",
     }
+
+
+#: why a target is not covered (:func:`uncovered_cause`), in the summary's order
+CAUSES = ("not built", "inputs (no input set runs the model)", "capture failed (a forward ran, or exit 2/3, timeout)",
+          "captured, forward norms missed")
+
+
+def uncovered_cause(r: dict[str, Any]) -> Optional[str]:
+    """Why ``r`` is not :func:`covered` (None where it is), one of :data:`CAUSES`: no shrink level built
+    (the sweep's); no graph and no input set of the ground truth ran either (the model wants inputs neither
+    normaudit nor the sweep builds: BROS ``bbox``, LXMERT ``visual_feats``, or a shrink misfit); no graph
+    although a real forward ran (normaudit's capture; exit 2/3, crashes and timeouts too); a graph missing norms a forward called."""
+    if r.get("exit") == "build":
+        return CAUSES[0]
+    if covered(r):
+        return None
+    if not captured(r):
+        return CAUSES[1] if audited(r) and r.get("fwd_norms") is None else CAUSES[2]
+    return CAUSES[3]
+
+
+def uncovered_causes(rs: list[dict[str, Any]]) -> dict[str, int]:
+    """Number of targets per :data:`CAUSES` entry (zeros kept: the note quotes every cause)."""
+    counts = dict.fromkeys(CAUSES, 0)
+    for r in rs:
+        cause = uncovered_cause(r)
+        if cause is not None:
+            counts[cause] += 1
+    return counts
+
+
+def _norm_hits(measured: list[dict[str, Any]]) -> tuple[int, int]:
+    """(forward-called norm modules that are graph sites, forward-called norm modules), summed over models."""
+    return (sum(len(r["fwd_norms"]) - len(missing(r)) for r in measured),
+            sum(len(r["fwd_norms"]) for r in measured))
 
 
 def findings_by_rule(rs: list[dict[str, Any]]) -> list[tuple[str, str, list[str]]]:
