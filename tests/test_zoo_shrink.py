@@ -339,3 +339,32 @@ def test_blip2_image_forward_runs_the_whole_model_with_filled_placeholders():
     called, label = forward.forward_norms(model, config)
     assert "normaudit's inputs" in label.split(" | ")
     assert {"vision_model.post_layernorm", "qformer.layernorm"} <= called
+
+
+def test_filled_level_derives_layer_types_and_per_layer_type_rope():
+    # LFM2-MoE: layer_types None (indexed per layer); Cohere-Compass: rope_parameters {} beside layer_types,
+    # read as rope_parameters[layer_type]
+    d = targets.shrink_config_dict({"hidden_size": 2048, "num_hidden_layers": 32, "layer_types": None}, "filled")
+    assert d["layer_types"] == ["full_attention", "full_attention"] and d["num_hidden_layers"] == 2
+    d = targets.shrink_config_dict({"hidden_size": 2048, "num_hidden_layers": 40, "rope_parameters": {},
+                                    "layer_types": ["sliding_attention"] * 39 + ["full_attention"]}, "filled")
+    assert d["rope_parameters"] == {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                    "full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    assert targets.shrink_config_dict({"num_hidden_layers": 4, "rope_parameters": {},
+                                       "layer_types": ["full_attention"] * 4})["rope_parameters"] == {}
+
+
+def test_several_automodel_classes_name_the_first_in_architectures():
+    # Funnel: MODEL_MAPPING_NAMES["funnel"] == ("FunnelModel", "FunnelBaseModel"); AutoModel failed on the tuple
+    transformers = pytest.importorskip("transformers")
+    config = targets.model_config(transformers.FunnelConfig())
+    assert config.architectures == ["FunnelModel"]
+
+
+def test_mrope_sections_go_into_each_per_layer_type_entry():
+    transformers = pytest.importorskip("transformers")
+    cls = transformers.CONFIG_MAPPING["cohere_compass_text"]
+    config = cls.from_dict(targets.shrink_config_dict(cls().to_dict(), "filled"))
+    targets.fill_rope_sections(config)
+    assert config.rope_parameters == {"full_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                                         "mrope_section": [2, 3, 3]}}

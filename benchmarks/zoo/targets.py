@@ -302,6 +302,7 @@ def _fill_checkpoint_sizes(d: dict[str, Any]) -> None:
     leave it ``None``); a ``vocabulary_map`` (Chameleon, Emu3: BPE names to ids, read for ``"<image>"`` at
     construction) holding only ``"<image>"``, at the first id above the config's special tokens."""
     layers = next((v for k, v in d.items() if _LAYER_KEYS.match(k) and _is_int(v) and v > 0), None)
+    _fill_rope_per_layer_type(d)
     for key, value in list(d.items()):
         if value is not None:
             continue
@@ -310,6 +311,8 @@ def _fill_checkpoint_sizes(d: dict[str, Any]) -> None:
             d[key] = 1024
         elif key == "mlp_layer_types" and layers:
             d[key] = ["dense"] + ["sparse"] * (layers - 1)
+        elif key == "layer_types" and layers:  # LFM2-MoE indexes it; transformers' configs default it so
+            d[key] = ["full_attention"] * layers
         elif key == "vocabulary_map":
             d[key] = {"<image>": _max_token_id(d) + 1}
         elif optional is not None:
@@ -326,6 +329,18 @@ def _fill_checkpoint_sizes(d: dict[str, Any]) -> None:
             d[key] = _SMALL_DIMS["head_dim"]
         elif _FFN_KEYS.match(key):
             d[key] = FFN
+
+
+def _fill_rope_per_layer_type(d: dict[str, Any]) -> None:
+    """An empty ``rope_parameters`` beside ``layer_types`` gets one default RoPE entry per layer type
+    (``{"full_attention": {"rope_type": "default", "rope_theta": ...}}``), the per-layer-type form Gemma 3
+    and ModernBERT write: Cohere-Compass's rotary embedding reads ``rope_parameters[layer_type]`` and its
+    defaults leave the dict empty for the checkpoint. ``rope_theta`` is the config's, else 10000."""
+    kinds = d.get("layer_types")
+    if d.get("rope_parameters") != {} or not (isinstance(kinds, list) and kinds and all(isinstance(k, str) for k in kinds)):
+        return
+    theta = d.get("rope_theta") if isinstance(d.get("rope_theta"), (int, float)) else 10000.0
+    d["rope_parameters"] = {k: {"rope_type": "default", "rope_theta": theta} for k in dict.fromkeys(kinds)}
 
 
 def _shrink_widths(d: dict[str, Any], hidden: int = HIDDEN, ffn: int = FFN, factor: float = 1) -> None:
@@ -642,6 +657,9 @@ def model_config(config):
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
     name = MODEL_MAPPING_NAMES.get(config.model_type)
+    if isinstance(name, tuple) and name and not getattr(config, "architectures", None):
+        config.architectures = [name[0]]  # several classes (Funnel: FunnelModel, FunnelBaseModel): AutoModel
+        return config  # fails on the tuple; the first is the one AutoModel means
     wanted = getattr(getattr(transformers, name, None), "config_class", None) if isinstance(name, str) else None
     if wanted is None or isinstance(config, wanted):
         return config
@@ -656,7 +674,8 @@ def fill_rope_sections(config) -> None:
     """Give ``rope_parameters["mrope_section"]`` to each (sub-)config whose class says its model reads one
     (``ignore_keys_at_rope_validation`` names it) but whose defaults leave it out: GLM-Image and GLM-4.6V
     fall back to ``[8, 12, 12]`` written for their checkpoints' 64-frequency rotary part, HunYuan-VL to none
-    at all. The sections sum to half the rotary width of the shrunk heads (:func:`mrope_sections`)."""
+    at all. The sections sum to half the rotary width of the shrunk heads (:func:`mrope_sections`); a
+    ``rope_parameters`` given per layer type (``{"full_attention": {...}}``) gets them in each entry."""
     from transformers import PretrainedConfig
 
     todo, seen = [config], set()
@@ -668,7 +687,9 @@ def fill_rope_sections(config) -> None:
         todo += [v for v in vars(c).values() if isinstance(v, PretrainedConfig)]
         rope = getattr(c, "rope_parameters", None)
         reads = "mrope_section" in (getattr(type(c), "ignore_keys_at_rope_validation", None) or ())
-        if reads and isinstance(rope, dict) and rope.get("mrope_section") is None:
-            half = _rotary_half(dict(vars(c)))
-            if half and half >= 3:
-                rope["mrope_section"] = mrope_sections(half)
+        per_type = [v for v in rope.values() if isinstance(v, dict)] if isinstance(rope, dict) else []
+        for entry in per_type if per_type and len(per_type) == len(rope) else [rope]:  # per layer type: each
+            if reads and isinstance(entry, dict) and entry.get("mrope_section") is None:
+                half = _rotary_half(dict(vars(c)))
+                if half and half >= 3:
+                    entry["mrope_section"] = mrope_sections(half)
