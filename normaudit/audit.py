@@ -83,40 +83,127 @@ def _inferred_inputs(model: Any) -> tuple[Any, str]:
         return infer_inputs(model)
 
 
-def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule], ckpt: Any) -> Report:
-    dtype = DTYPES[opts.dtype]
-    inputs = mua.inputs
-    assumed = mua.inputs_assumed
-    if inputs is None:
-        phase("inputs")
-        try:
-            inputs, assumed = _inferred_inputs(mua.model)
-        except ValueError as err:
-            raise UsageError(str(err), file=opts.target) from err
+@dataclasses.dataclass
+class _ConfigInForce:
+    """The config the eps rules compare with (:func:`_config_in_force`): its keys, where it came from
+    (``source``: a file name, ``origin``: ``cli``, ``checkpoint``, ``library``, ``model`` or None), every
+    config source the eps facts read (:class:`~normaudit.facts.eps.ConfigSource`) and the model's own configs."""
+
+    data: dict[str, Any]
+    source: Optional[str]
+    origin: Optional[str]
+    sources: list[ConfigSource]
+
+
+def _inputs_of(opts: AuditOptions, mua: ModelUnderAudit) -> tuple[Any, Optional[str]]:
+    """The example inputs and what was assumed about them: the target's own, else inferred from the model
+    (:func:`_inferred_inputs`). Raises UsageError when none can be inferred."""
+    if mua.inputs is not None:
+        return mua.inputs, mua.inputs_assumed
+    phase("inputs")
+    try:
+        return _inferred_inputs(mua.model)
+    except ValueError as err:
+        raise UsageError(str(err), file=opts.target) from err
+
+
+def _config_in_force(opts: AuditOptions, mua: ModelUnderAudit, ckpt: Any) -> _ConfigInForce:
+    """The config of the audit, first found of: ``opts.config_data``, ``--config``, the checkpoint's config
+    (:func:`checkpoint_config_source`, unless the config came from the command line), the model's own
+    (:func:`normaudit.target.config.model_configs`); an empty one with no source when there is none."""
     own = model_configs(mua.model)
     own_config = dict(own[0].data) if own else None
     config: dict[str, Any] = {}
-    config_source = config_origin = None
+    source = origin = None
     if own_config:
         # A config owned by a library (transformers' PretrainedConfig) comes with code that may keep another
         # eps on purpose; a plain dict/dataclass on a user's model is the user's own statement of intent.
-        config, config_source = dict(own_config), own[0].source
-        config_origin = "library" if own[0].library else "model"
+        config, source = dict(own_config), own[0].source
+        origin = "library" if own[0].library else "model"
     if opts.config:
-        config, config_source, config_origin = load_config(opts.config), Path(opts.config).name, "cli"
+        config, source, origin = load_config(opts.config), Path(opts.config).name, "cli"
     if opts.config_data is not None:
-        config, config_source, config_origin = dict(opts.config_data), "the given config", "cli"
+        config, source, origin = dict(opts.config_data), "the given config", "cli"
     ckpt_config = checkpoint_config_source(ckpt, mua, own_config)
-    if ckpt_config is not None and config_origin != "cli":
-        config, config_source, config_origin = dict(ckpt_config.data), ckpt_config.source, ckpt_config.origin
-    config_sources = [s for s in (ConfigSource("cli", config_source, config) if config_origin == "cli" else None,
-                                  ckpt_config) if s is not None] + own_config_sources(own)
+    if ckpt_config is not None and origin != "cli":
+        config, source, origin = dict(ckpt_config.data), ckpt_config.source, ckpt_config.origin
+    sources = [s for s in (ConfigSource("cli", source, config) if origin == "cli" else None, ckpt_config)
+               if s is not None] + own_config_sources(own)
+    return _ConfigInForce(data=config, source=source, origin=origin, sources=sources)
+
+
+def _batch_of(opts: AuditOptions, inputs: Any) -> Optional[int]:
+    """``--batch-size``, else the first dimension of the first input tensor (None when it has none)."""
+    if opts.batch_size is not None:
+        return opts.batch_size
+    first = next(iter(inputs.values())) if isinstance(inputs, dict) else (inputs[0] if inputs else None)
+    if isinstance(first, torch.Tensor) and first.dim() > 0:
+        return int(first.shape[0])
+    return None
+
+
+def _evaluated_findings(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule], facts: Facts,
+                        cfg: _ConfigInForce, options: dict, by_path: dict) -> tuple[list[Finding], Any]:
+    """The selected rules over the sites and model facts, less the suppressed findings
+    (:func:`normaudit.suppress.filter_findings`), sorted by severity, module and rule; and the filter's result
+    (its notes). A numerics finding without a source gets its module's construction line from ``by_path``."""
+    sites = [r.site for r in facts.records]
+    active = [r for r in rules.values() if _selected(r, opts.select, opts.ignore)]
+    findings = evaluate(active, sites, facts.model, cfg.data, cfg.source, options)
+    kept = filter_findings(findings, sites=sites, model=facts.model, rules=rules, active=active,
+                           per_module_ignores=opts.per_module_ignores, config=cfg.data, config_source=cfg.source,
+                           options=options, target_file=mua.file, factory=mua.factory)
+    findings = kept.findings
+    for f in findings:  # a numerics finding may name any module (the producer): its construction line
+        if f.source is None and f.category == "numerics" and f.module in by_path:
+            f.source = by_path[f.module]
+    findings.sort(key=lambda f: (-SEVERITY_RANK[f.severity], f.module, f.rule_id))
+    return findings, kept
+
+
+def _summary(sites: list, findings: list[Finding]) -> Summary:
+    """The report's counts: sites (and per kind) and findings per severity."""
+    by_kind: dict[str, int] = {}
+    for s in sites:
+        by_kind[s.kind] = by_kind.get(s.kind, 0) + 1
+    return Summary(sites=len(sites), by_kind=by_kind,
+                   errors=sum(f.severity == "error" for f in findings),
+                   warnings=sum(f.severity == "warning" for f in findings),
+                   infos=sum(f.severity == "info" for f in findings))
+
+
+def _capture_notes(cap: Any, info: CaptureInfo) -> list[str]:
+    """What the report says about the capture: the parts' coverage, a failed capture, the eval-mode fallback."""
+    from normaudit.capture.parts import coverage_note
+
+    notes = coverage_note(info.parts, info.unaudited, cap.complete)
+    if not cap.complete and not info.parts:
+        notes.append("capture failed: sites come from walking named_modules(); placement, axes and formula facts "
+                     "are unknown (report incomplete)")
+    if cap.eval_fallback:
+        notes.append(f"captured in eval mode: in train mode the model failed ({cap.train_error})")
+    return notes
+
+
+def _numerics_notes(section: Any) -> list[str]:
+    """What the report says about the ``--probe numerics`` run (``section``: its report section, or None)."""
+    if section is None:
+        return []
+    notes = section.notes + ([f"numerics probe failed: {section.error}"] if section.error else [])
+    if section.weights == "random":
+        notes.append("numerics probe: no checkpoint, so the statistics come from the factory's random "
+                     "initial weights, not trained ones (give --checkpoint)")
+    return notes
+
+
+def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule], ckpt: Any) -> Report:
+    """The audit of a model target in named steps: inputs, config, capture and facts (:func:`_capture_facts`),
+    the numerics probe, the rules, then the report's capture info, notes and summary."""
+    dtype = DTYPES[opts.dtype]
+    inputs, assumed = _inputs_of(opts, mua)
+    cfg = _config_in_force(opts, mua, ckpt)
     declared = parse_input_axes(opts.input_axes, inputs) if opts.input_axes else None
-    batch = opts.batch_size
-    if batch is None:
-        first = next(iter(inputs.values())) if isinstance(inputs, dict) else (inputs[0] if inputs else None)
-        if isinstance(first, torch.Tensor) and first.dim() > 0:
-            batch = int(first.shape[0])
+    batch = _batch_of(opts, inputs)
     numerics = [p for p in opts.probes if p.startswith("numerics")]
     if numerics:
         from normaudit.probes.numerics import check_size
@@ -126,17 +213,15 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
     # meta copy or the user's real model (capture works on its own copy of a real model). The copy of a meta
     # model is made only before the model itself is captured (_untouched_probe_model): the depth-independent
     # capture works on a copy of its reduced model and leaves the user's untouched.
-    probe_model = mua.model
     by_path = {name: mua.origins[id(m)] for name, m in mua.model.named_modules() if id(m) in mua.origins}
     phase("capture")
     options = {"dtype": opts.dtype, "batch_size": batch, "checkpoint": ckpt is not None, "capture_method": None,
                "train_error": None, "capture_error": None, "probes": list(opts.probes),
-               "config_origin": config_origin, "library_model": _library_config(mua.model)}
-    shared = dict(input_axes=declared, options=options, probe_model=probe_model, inputs=inputs, config=config,
-                  config_source=config_source, config_sources=config_sources, checkpoint=ckpt)
+               "config_origin": cfg.origin, "library_model": _library_config(mua.model)}
+    shared = dict(input_axes=declared, options=options, probe_model=mua.model, inputs=inputs, config=cfg.data,
+                  config_source=cfg.source, config_sources=cfg.sources, checkpoint=ckpt)
     fast = getattr(opts, "repeats", True) and not opts.probes and ckpt is None
     cap, ctx, facts = _capture_facts(opts, mua, inputs, dtype, by_path, shared, fast)
-    method = options["capture_method"]
     section = None
     if numerics:
         phase("numerics")
@@ -147,45 +232,20 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
         options["numerics"] = section
     phase("rules")
     sites = [r.site for r in facts.records]
-    active = [r for r in rules.values() if _selected(r, opts.select, opts.ignore)]
-    findings = evaluate(active, sites, facts.model, config, config_source, options)
-    kept = filter_findings(findings, sites=sites, model=facts.model, rules=rules, active=active,
-                           per_module_ignores=opts.per_module_ignores, config=config, config_source=config_source,
-                           options=options, target_file=mua.file, factory=mua.factory)
-    findings = kept.findings
-    for f in findings:  # a numerics finding may name any module (the producer): its construction line
-        if f.source is None and f.category == "numerics" and f.module in by_path:
-            f.source = by_path[f.module]
-    findings.sort(key=lambda f: (-SEVERITY_RANK[f.severity], f.module, f.rule_id))
-    facts.model.config_source = config_source
-    info = CaptureInfo(method=method, complete=cap.complete, attempts=cap.attempts,
+    findings, kept = _evaluated_findings(opts, mua, rules, facts, cfg, options, by_path)
+    facts.model.config_source = cfg.source
+    info = CaptureInfo(method=options["capture_method"], complete=cap.complete, attempts=cap.attempts,
                        num_nodes=len(cap.gm.graph.nodes) if cap.gm is not None else 0,
                        inputs=_describe_inputs(inputs), inputs_assumed=assumed, fake_tensors=True)
-    from normaudit.capture.parts import coverage, coverage_note
+    from normaudit.capture.parts import coverage
 
     info.parts, info.unaudited = coverage(ctx.cap, sites)
-    notes = list(facts.notes) + list(mua.notes) + kept.notes() + coverage_note(info.parts, info.unaudited, cap.complete)
-    if not cap.complete and not info.parts:
-        notes.append("capture failed: sites come from walking named_modules(); placement, axes and formula facts "
-                     "are unknown (report incomplete)")
-    if cap.eval_fallback:
-        notes.append(f"captured in eval mode: in train mode the model failed ({cap.train_error})")
-    by_kind: dict[str, int] = {}
-    for s in sites:
-        by_kind[s.kind] = by_kind.get(s.kind, 0) + 1
-    summary = Summary(sites=len(sites), by_kind=by_kind,
-                      errors=sum(f.severity == "error" for f in findings),
-                      warnings=sum(f.severity == "warning" for f in findings),
-                      infos=sum(f.severity == "info" for f in findings))
+    notes = (list(facts.notes) + list(mua.notes) + kept.notes() + _capture_notes(cap, info)
+             + _numerics_notes(section))
     target = TargetInfo(path=opts.target, kind=mua.kind, factory=mua.factory, config=opts.config,
                         checkpoint=str(ckpt.path) if ckpt is not None else None, dtype=opts.dtype, batch_size=batch)
-    if section is not None:
-        notes += section.notes + ([f"numerics probe failed: {section.error}"] if section.error else [])
-        if section.weights == "random":
-            notes.append("numerics probe: no checkpoint, so the statistics come from the factory's random "
-                         "initial weights, not trained ones (give --checkpoint)")
     return Report(version=__version__, target=target, capture=info, model=facts.model, sites=sites,
-                  findings=findings, summary=summary, notes=notes, numerics=section)
+                  findings=findings, summary=_summary(sites, findings), notes=notes, numerics=section)
 
 
 def _capture_facts(opts: AuditOptions, mua: ModelUnderAudit, inputs: Any, dtype: torch.dtype, by_path: dict,
@@ -348,13 +408,7 @@ def checkpoint_only_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict
     if any(p.startswith("numerics") for p in opts.probes):
         notes.append("--probe numerics needs model code to run: a checkpoint alone was only inspected (give the model "
                      "file with --checkpoint)")
-    by_kind: dict[str, int] = {}
-    for s in sites:
-        by_kind[s.kind] = by_kind.get(s.kind, 0) + 1
-    summary = Summary(sites=len(sites), by_kind=by_kind,
-                      errors=sum(f.severity == "error" for f in findings),
-                      warnings=sum(f.severity == "warning" for f in findings),
-                      infos=sum(f.severity == "info" for f in findings))
+    summary = _summary(sites, findings)
     target = TargetInfo(path=opts.target, kind="checkpoint", config=opts.config, checkpoint=str(path),
                         dtype=opts.dtype, batch_size=opts.batch_size)
     info = CaptureInfo(method="none", complete=False, fake_tensors=False)
