@@ -15,6 +15,8 @@
 
 ``--add-noqa`` writes ``# normaudit: ignore[ID]`` on each finding's line in the user's own files
 (:mod:`normaudit.noqa`), the one option that edits them; ``--show-settings`` prints the settings in force.
+``--add-noqa`` and ``--write-baseline`` say on stderr what they wrote and print no report, unless a ``--format``
+or ``-o`` asks for one.
 
 TARGET: ``model.py[:factory]``, ``package.module:factory``, a directory with a Hugging Face ``config.json``,
 a bare ``config.json``, or a checkpoint alone (``.safetensors``, ``.pt``, ``.pth``, ``.bin``, a sharded index). Without TARGET the ``targets`` of the settings file (``[tool.normaudit]`` in
@@ -261,12 +263,15 @@ def _cmd_explain(argv: Sequence[str]) -> int:
 def _cmd_schema(argv: Sequence[str]) -> int:
     """``normaudit schema``: the JSON schema of the report, kept in the validation memo of the cache directory
     (keyed by normaudit's source and pydantic's files, :func:`normaudit.cache.validation_key`) so that a second
-    call builds no pydantic model."""
+    call builds no pydantic model. The settings file's ``cache`` key is honoured as by the audit (``cache =
+    false``: no memo is read or written; a directory: the memo is kept there)."""
     from normaudit.cache import validation_key, validation_memo
+    from normaudit.settings import validated_table
 
     p = _Parser(prog="normaudit schema", description="Print the JSON schema of the report (--format json).")
     p.parse_args(argv)
-    memo = validation_memo(None)
+    source, table = validated_table()
+    memo = validation_memo(source, table.get("cache"))
     key = validation_key("report-schema", None) if memo is not None else ""
     text = memo.get(key) if memo is not None else None
     if not isinstance(text, str):
@@ -757,9 +762,12 @@ def _finish_run(args: argparse.Namespace, plan: RunPlan, results: list[TargetRes
         rendered = [(render_results(spec.fmt, results, plan.rules, multi, opts, args.statistics), spec.path,
                      spec.fmt) for spec, opts in zip(plan.outputs, options)]
     failure = next((r.exception for r in results if r.exception is not None), None)
+    quiet_stdout = _adopting_only(args)
     for text, path, fmt in rendered:
         # a failed lone target: stdout stays empty (the error goes to stderr), files are written; GitHub's
         # workflow commands are read from stdout, so its ``::error`` line is printed there too
+        if path is None and quiet_stdout:
+            continue
         if failure is None or path is not None or fmt == "github":
             _write(text, path)
     for path, report in charts:
@@ -777,6 +785,12 @@ def _finish_run(args: argparse.Namespace, plan: RunPlan, results: list[TargetRes
     if args.add_noqa:
         status = _add_noqa(results, plan.fail_on)
     return status
+
+
+def _adopting_only(args: argparse.Namespace) -> bool:
+    """True when the run writes a baseline or ``noqa`` comments and no ``--format``/``-o`` was asked for: then,
+    as a linter's ``--add-noqa`` does, it says what it wrote (on stderr) instead of printing the report too."""
+    return bool(args.write_baseline or args.add_noqa) and not args.output_sequence
 
 
 def _show_settings(args: argparse.Namespace, settings: Any) -> int:

@@ -397,3 +397,25 @@ def test_readme_usage_block_names_every_flag():
 def _aliases(option: str) -> list[str]:
     action = next(a for a in cli.audit_parser()._actions if option in a.option_strings)
     return list(action.option_strings)
+
+
+# ------------------------------------------------------------------------- adopting: baseline, noqa comments
+def test_write_baseline_says_what_it_wrote_and_prints_no_report(capsys, tiny, tmp_path):
+    baseline = tmp_path / "baseline.json"
+    rc, out, err = run(capsys, tiny, *TEST_RULES, "--write-baseline", baseline)
+    assert (rc, out) == (0, "")
+    assert err == f"normaudit: wrote 3 finding(s) to the baseline {baseline}\n"
+    assert [f["module"] for f in json.loads(baseline.read_text())["findings"]] == [
+        "layers.0.norm", "layers.1.norm", "final"]
+    # a format asked for explicitly is still printed
+    rc, out, _ = run(capsys, tiny, *TEST_RULES, "--write-baseline", baseline, "--format", "json")
+    assert rc == 0 and [f["module"] for f in json.loads(out)["findings"]] == ["layers.0.norm", "layers.1.norm", "final"]
+
+
+def test_add_noqa_says_what_it_wrote_and_prints_no_report(capsys, tiny):
+    rc, out, err = run(capsys, tiny, *TEST_RULES, "--add-noqa")
+    assert (rc, out) == (0, "")
+    assert err == "normaudit: added 2 suppression comment(s) for 3 finding(s) in 1 file(s)\n"
+    lines = tiny.read_text().splitlines()
+    assert lines[11] == "        self.norm = nn.LayerNorm(d)  # normaudit: ignore[NZ001]"
+    assert lines[23] == "        self.final = nn.RMSNorm(d)  # normaudit: ignore[NZ002]"

@@ -125,3 +125,16 @@ def test_the_memo_key_changes_with_the_code_that_validates(monkeypatch, tmp_path
     entry = next((tmp_path / "c" / "v1" / "valid").rglob("*.json"))
     entry.write_text("{not json")
     assert memo.get(base) is None
+
+
+def test_schema_honours_cache_false_in_settings(capsys, memo_env, tmp_path):
+    Path("normaudit.toml").write_text("cache = false\n")
+    rc, out, _ = run(capsys, "schema")
+    assert rc == 0 and "Report" in json.loads(out)["title"]
+    assert not (tmp_path / "cache").exists()  # no memo written
+    proc = run_blocked("schema", env=memo_env)  # and none read: the schema needs pydantic again
+    assert proc.returncode == 3 and "import of pydantic halted" in proc.stderr, proc.stderr
+    Path("normaudit.toml").write_text("fail-on = \"warning\"\n")  # the cache on: a second call needs no pydantic
+    assert run(capsys, "schema")[1] == out
+    proc = run_blocked("schema", env=memo_env)
+    assert proc.returncode == 0 and proc.stdout == out and proc.stderr.rstrip().endswith("LOADED []"), proc.stderr
