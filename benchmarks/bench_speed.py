@@ -4,7 +4,8 @@
 
 0. depth: ``normaudit DIR --no-cache`` on a Llama-2-70B-sized Hugging Face config directory (hidden 8192, FFN
    28672, GQA 64/8, 80 layers) vs the same config with 2 layers: wall, CPU and peak RSS of the whole command
-   (parent and worker), the goal being under 10 s and 1 GB on 2 cores and within 1.5x of 2 layers; then
+   (parent and worker), the goal being under 10 s and 1 GB on 2 cores and within 1.5x of 2 layers, and its ratio
+   to ``python -c "import torch"`` measured in the same run (the load a shared machine adds cancels); then
    :mod:`bench_depth`'s in-process audits (``build_report``) of the 70B and 7B configs: 80 vs 2 layers, and the
    full capture vs the depth-independent one (``--no-full`` skips the full ones, the slow part;
    ``--no-depth`` skips all of item 0);
@@ -130,10 +131,12 @@ def depth_rows(cli: list[str], tmp: Path, env: dict, full: bool) -> list[Row]:
     measured(cli + [str(shallow), "--isolated", "--no-cache"], tmp, env)  # byte code into PYTHONPYCACHEPREFIX
     a = measured(cli + [str(deep), "--isolated", "--no-cache"], tmp, env)
     b = measured(cli + [str(shallow), "--isolated", "--no-cache"], tmp, env)
+    floor = measured([cli[0], "-c", "import torch"], tmp, env, expect=(0,))  # the same load, the same byte code
     print(f"{'normaudit DIR --no-cache':<42} {'wall (s)':>8} {'cpu (s)':>8} {'RSS (MB)':>8}")
-    for name, m in (("llama 70B-sized, 80 layers", a), ("the same, 2 layers", b)):
+    for name, m in (("llama 70B-sized, 80 layers", a), ("the same, 2 layers", b), ("python -c 'import torch'", floor)):
         print(f"{name:<42} {m['wall']:8.2f} {m['cpu']:8.2f} {m['rss_mb']:8.0f}")
     rows: list[Row] = [("CLI 70B / 2 layers (--no-cache)", a["wall"], b["wall"], a["cpu"], b["cpu"]),
+                       ("CLI 70B / python -c 'import torch'", a["wall"], floor["wall"], a["cpu"], floor["cpu"]),
                        ("CLI 70B / 2 layers peak RSS (MB)", a["rss_mb"], b["rss_mb"], None, None)]
     results = {}
     for size in ("70b", "7b"):
