@@ -229,14 +229,15 @@ def corpus_figures(rs: list[dict[str, Any]]) -> dict[str, str]:
 
 #: why a target is not covered (:func:`uncovered_cause`), in the summary's order
 CAUSES = ("not built", "inputs (no input set runs the model)", "capture failed (a forward ran, or exit 2/3, timeout)",
-          "captured, forward norms missed")
+          "captured, norms missed (forward norms, or the report's own count where none ran)")
 
 
 def uncovered_cause(r: dict[str, Any]) -> Optional[str]:
     """Why ``r`` is not :func:`covered` (None where it is), one of :data:`CAUSES`: no shrink level built
     (the sweep's); no graph and no input set of the ground truth ran either (the model wants inputs neither
     normaudit nor the sweep builds: BROS ``bbox``, LXMERT ``visual_feats``, or a shrink misfit); no graph
-    although a real forward ran (normaudit's capture; exit 2/3, crashes and timeouts too); a graph missing norms a forward called."""
+    although a real forward ran (normaudit's capture; exit 2/3, crashes and timeouts too); a graph missing norms a forward called
+    (where no forward ran: the report's own ``complete`` false, as :func:`covered` reads it)."""
     if r.get("exit") == "build":
         return CAUSES[0]
     if covered(r):
