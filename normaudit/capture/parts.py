@@ -268,30 +268,35 @@ def capture_parts(root: nn.Module, inputs: Any, mode: FakeTensorMode, norm_paths
 def _record_best(root: nn.Module, inputs: Any, mode: FakeTensorMode, holders: set[str],
                  extra_kwargs: Optional[dict[str, Any]], real_inputs: Any,
                  buffers: Optional[dict] = None) -> tuple[dict, Optional[str]]:
-    """The recorded inputs of the ``holders`` (:func:`record_inputs`) from the forward that reaches the most
-    of them: on fake tensors, then on real numbers (:func:`_record_real`) when the fake one stopped early;
-    for a model in training mode whose forward stops before reaching them all (a text-to-speech model
-    demanding its training labels, a BatchNorm given one value per channel), the same again in eval mode,
-    the modules' own modes restored after. Returns ``(recorded, error)`` like :func:`record_inputs`."""
-    best: tuple[dict, Optional[str]] = ({}, None)
+    """The recorded inputs of the ``holders`` (:func:`record_inputs`), recorded in eval mode first: a
+    training-mode forward skips blocks at random (layerdrop: ``if self.training and torch.rand([]) <
+    p: continue`` in wav2vec2-style encoders, SeamlessM4T's speech encoder), so the blocks it skipped would
+    never be captured; eval mode runs every block. Each pass runs on fake tensors, then on real numbers
+    (:func:`_record_real`) when the fake one stopped early. A model in training mode whose eval forward
+    still misses some holders is recorded again in training mode, and what that pass adds is kept (eval
+    recordings win). The modules' own modes are restored after. Returns ``(recorded, error)`` like
+    :func:`record_inputs`, the error of the pass that recorded the most."""
+    merged: dict = {}
+    best: tuple[int, Optional[str]] = (-1, None)
     modes = {m: m.training for m in root.modules()}
     try:
-        for train_pass in ([True, False] if root.training else [False]):
-            if not train_pass:
-                root.eval()
+        for train_pass in ([False, True] if root.training else [False]):
+            for m, was in modes.items():
+                m.training = was if train_pass else False
             recorded, error = record_inputs(root, inputs, mode, holders, extra_kwargs)
             if error is not None and len(recorded) < len(holders):
                 more, real_error = _record_real(root, inputs, mode, holders, extra_kwargs, real_inputs, buffers)
                 if len(more) > len(recorded):
                     recorded, error = more, real_error
-            if len(recorded) > len(best[0]) or not best[0]:
-                best = (recorded, error)
-            if error is None or len(recorded) == len(holders):
+            if len(recorded) > best[0]:
+                best = (len(recorded), error)
+            merged = {**recorded, **merged}
+            if len(merged) == len(holders):
                 break
     finally:
         for m, was in modes.items():
             m.training = was
-    return best
+    return merged, best[1]
 
 
 def _visit(root: nn.Module, path: str, holders: set[str], recorded: dict, mode: FakeTensorMode,
@@ -303,11 +308,21 @@ def _visit(root: nn.Module, path: str, holders: set[str], recorded: dict, mode: 
         budget["attempts"] += 1
         args, kwargs, *real = recorded[path]
         sub = capture_one(mod, args, kwargs, mode, real[0] if real else None, buffers_under(budget["buffers"], path))
-        if sub.gm is not None:
+        if sub.gm is not None and not _misses_recorded(sub, path, recorded):
             found.append(PartCapture(path=path, capture=sub, inputs=_describe(args, kwargs)))
             return
     for name, _ in mod.named_children():
         _visit(root, f"{path}.{name}", holders, recorded, mode, found, budget)
+
+
+def _misses_recorded(sub: Any, path: str, recorded: dict) -> bool:
+    """Whether the graph of the part at ``path`` misses a recorded module inside it (one the eval-mode
+    recording forward called): a training-mode trace that skipped blocks at random (layerdrop's
+    ``torch.rand([]) < p`` is computed for real by ``symbolic_trace``) keeps its children out of the graph;
+    then the part's children are captured instead."""
+    reached = {_join(path, m) for m in reached_modules(sub)}
+    inside = [p for p in recorded if p.startswith(path + ".")]
+    return any(not any(_under(r, p) for r in reached) for p in inside)
 
 
 def reached_modules(cap: Any) -> set[str]:
