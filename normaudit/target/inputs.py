@@ -189,6 +189,33 @@ def _lang_ids(config: Any) -> Iterator[torch.Tensor]:
         yield torch.zeros(BATCH, dtype=torch.int64)
 
 
+#: page coordinates of a document model's word boxes: LayoutLM's tokenizers normalise them to 0-1000
+BOX_RANGE = 1000
+
+
+def _bboxes(config: Any) -> Iterator[torch.Tensor]:
+    """Word boxes of a document model, one per token of :func:`_text_ids`: legal ``(x0, y0, x1, y1)``
+    (``x0 <= x1``, ``y0 <= y1``), as transformers' LayoutLM/Bros/UDOP model tests make them legal.
+
+    ``(B, S, dim_bbox)`` where the config names the width (Bros: 8, the four corners
+    ``(x0, y0), (x1, y0), (x1, y1), (x0, y1)``), else ``(B, S, 4)``. With ``max_2d_position_embeddings`` in
+    the config (coordinates looked up in position tables: LayoutLM, LayoutLMv2/v3, LiLT, UDOP, whose tests
+    draw them as ``ids_tensor(..., 1000)``) int64 coordinates in ``[0, min(1000, max_2d_position_embeddings -
+    1)]`` first, then float ones in ``[0, 1]`` (Bros scales them by ``bbox_scale``): a meta forward stops at
+    a data-dependent step (the padding check on ``input_ids``) before either dtype is read, so it cannot
+    choose between them."""
+    width = getattr(config, "dim_bbox", None)
+    width = int(width) if _is_int(width) and width in (4, 8) else 4
+    corner = torch.rand(BATCH, SEQ, 2) / 2
+    box = torch.cat([corner, corner + torch.rand(BATCH, SEQ, 2) / 2], dim=-1)  # x0, y0, x1, y1 in [0, 1]
+    if width == 8:
+        box = box[..., [0, 1, 2, 1, 2, 3, 0, 3]]
+    table = getattr(config, "max_2d_position_embeddings", None)
+    if _is_int(table):
+        yield (box * min(BOX_RANGE, int(table) - 1)).to(torch.int64)
+    yield box.contiguous()
+
+
 def _features(config: Any) -> Iterator[torch.Tensor]:
     """Spectrogram candidates: Whisper-style ``(B, mel, 2 * max_source_positions)``, Qwen3-ASR-style
     ``(B, mel, 2 * n_window)``, then ``(B, frames, F)``."""
@@ -424,13 +451,13 @@ def _one(fn: Callable[[Any], torch.Tensor]) -> Callable[[Any], Iterator[torch.Te
 BUILDERS: dict[str, Callable[[Any], Iterator[torch.Tensor]]] = {
     "input_ids": _token_ids, "decoder_input_ids": _one(_text_ids), "pixel_values": _images,
     "pixel_values_videos": _videos, "lang_ids": _lang_ids, "input_features": _features, "input_values": _values,
-    "audio_mel": _mel_frames, **SERIES_BUILDERS,
+    "audio_mel": _mel_frames, "bbox": _bboxes, **SERIES_BUILDERS,
 }
 #: optional forward inputs built whenever ``forward`` takes them, as they switch on a part of the model the
 #: main input alone leaves un-run (a forecaster's decoder runs on ``future_values``); left out when their
 #: builder gives nothing for this config (no static features)
 EXTRAS = ("future_values", "future_time_features", "static_categorical_features", "static_real_features",
-          "lang_ids")
+          "lang_ids", "bbox")
 #: inputs given besides ``main_input_name`` when ``forward`` takes them: the other towers of a multimodal model
 COMPANIONS = ("input_ids", "pixel_values", "input_features", "pixel_values_videos", "input_values")
 #: when ``forward`` takes the key, the inputs are built by the value's builders instead (patch-list VLMs)
@@ -711,6 +738,10 @@ def forward_kwargs(params: dict[str, Any]) -> dict[str, Any]:
     return {"use_cache": False} if "use_cache" in params else {}
 
 
+#: what a meta forward raises at a step that needs real numbers (``.item()``, ``nonzero()``), not a shape
+_DATA_DEPENDENT_ON_META = ("meta tensor", "a correct data-independent implementation does not exist")
+
+
 def _runs_on_meta(model: nn.Module, params: dict, kwargs: dict[str, Any]) -> bool:
     import warnings
 
@@ -721,8 +752,9 @@ def _runs_on_meta(model: nn.Module, params: dict, kwargs: dict[str, Any]) -> boo
             warnings.simplefilter("ignore")
             model(**meta)
     except Exception as exc:  # noqa: BLE001 - any other failure rejects this candidate
-        # .item()/.tolist() need real numbers: the shapes were accepted up to there
-        return "meta tensor" in str(exc)
+        # .item()/.tolist() need real numbers, nonzero()/boolean-mask indexing a data-dependent size (no
+        # meta kernel): the shapes were accepted up to there
+        return any(m in str(exc) for m in _DATA_DEPENDENT_ON_META)
     return True
 
 
