@@ -1,3 +1,3 @@
-from normaudit.cli import main
+from normaudit.cli import run
 
-raise SystemExit(main())
+run()

@@ -99,3 +99,46 @@ def test_a_run_answered_from_the_cache_imports_no_torch(tmp_path):
     assert second.returncode == 1
     assert second.stdout == first.stdout
     assert [s["module"] for s in json.loads(second.stdout)["sites"]] == ["layers.0.norm", "layers.1.norm", "final"]
+
+
+#: Runs the command's entry point (``normaudit.cli.run``, what the console script and ``python -m normaudit``
+#: call) on argv, with an atexit handler and a module-level object whose ``__del__`` only a full interpreter
+#: teardown runs.
+_ENTRY = ("import atexit, sys\n"
+          "class Witness:\n"
+          "    def __del__(self): sys.stderr.write('TEARDOWN RAN\\n')\n"
+          "w = Witness()\n"
+          "atexit.register(lambda: sys.stderr.write('ATEXIT RAN\\n'))\n"
+          "from normaudit.cli import run\n"
+          "sys.argv = ['normaudit', *sys.argv[1:]]\n"
+          "run()\n")
+
+
+def test_the_command_skips_the_interpreter_teardown_but_loses_no_output(tmp_path):
+    """After an audit (torch imported) the command leaves with os._exit: the atexit handlers still run and
+    stdout and the -o file are complete, but the module teardown (~1.5-2 s with torch and transformers) is
+    skipped; the exit status is main's."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-c", _ENTRY, str(TINY), "--format", "json", "--no-cache"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert [(s["module"], s["eps"]) for s in report["sites"]] == [
+        ("layers.0.norm", 1e-05), ("layers.1.norm", 1e-05), ("final", 1.1920928955078125e-07)]
+    assert "ATEXIT RAN" in proc.stderr and "TEARDOWN RAN" not in proc.stderr
+    proc = subprocess.run([sys.executable, "-c", _ENTRY, str(TINY), "--no-cache", "--format", "json", "-o", str(out)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["summary"]["sites"] == 3
+
+
+def test_the_command_exits_normally_where_torch_was_never_imported(tmp_path):
+    """``--version`` imports no torch: nothing to save, a normal exit (the teardown runs)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", _ENTRY, "--version"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    import normaudit
+
+    assert (proc.returncode, proc.stdout) == (0, f"normaudit {normaudit.__version__}\n")
+    assert "ATEXIT RAN" in proc.stderr and "TEARDOWN RAN" in proc.stderr
