@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from conftest import audit_model, family_rules, load_fixture_module
 from normaudit.capture import capture_model
@@ -282,3 +283,84 @@ def test_swinv2_cosine_attention_norms_are_qk_sites_and_clip_logits_are_not(rule
                                   image_size=32, patch_size=8))
     report = audit_model(clip, rules=rules, on_meta=True)
     assert [s.module for s in report.sites if s.class_name == "CLIPModel"] == []
+
+
+# ------------------------------------------------------------------ L2 norms written as an inverse (ZAYA)
+class InverseL2QKNorm(nn.Module):
+    """ZAYA's qk-norm (transformers modeling_zaya.py ZayaQKNorm): ``q * (sqrt(d) / ||q||_2.clamp_min(eps))``,
+    the inverse of the 2-norm times sqrt(d): an RMSNorm without a gain on q, with a per-head temperature on k."""
+
+    def __init__(self, head_dim: int, heads: int, eps: float = 1e-6):
+        super().__init__()
+        self.head_dim_scale, self.eps = head_dim ** 0.5, eps
+        self.temp = nn.Parameter(torch.ones(heads))
+
+    def forward(self, q, k):
+        q = q * (self.head_dim_scale / q.norm(p=2, dim=-1, keepdim=True).clamp_min(self.eps))
+        k = k * (self.head_dim_scale / k.norm(p=2, dim=-1, keepdim=True).clamp_min(self.eps))
+        return q, k * self.temp[None, None, :, None]
+
+
+class InverseL2Attention(nn.Module):
+    """q, k of shape (B, S, heads, head_dim) normalised by :class:`InverseL2QKNorm`, then attention scores."""
+
+    def __init__(self, dim: int = 32, heads: int = 2):
+        super().__init__()
+        self.q, self.k, self.heads = nn.Linear(dim, dim), nn.Linear(dim, dim), heads
+        self.qk_norm = InverseL2QKNorm(dim // heads, heads)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k = self.qk_norm(self.q(x).view(b, s, self.heads, -1), self.k(x).view(b, s, self.heads, -1))
+        return torch.softmax(q.transpose(1, 2) @ k.permute(0, 2, 3, 1), -1)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_inverse_of_an_l2_norm_times_sqrt_d_is_an_rmsnorm(method):
+    records = _records(InverseL2Attention(), (2, 5, 32), method)
+    got = [(r.site.module, r.site.call_index, r.site.kind, r.site.eps, r.site.reduced_dims, r.site.input_shape)
+           for r in records]
+    assert got == [("qk_norm", 0, "RMSNorm", 1e-6, [3], [2, 5, 2, 16]), ("qk_norm", 1, "RMSNorm", 1e-6, [3], [2, 5, 2, 16])]
+    assert [(r.hints["statistic"], r.hints["how_eps"], r.hints["l2_post"]) for r in records] == [
+        ("l2_norm", "clamp", 0.25)] * 2
+    # the text says what is computed: the 2-norm, not a mean of squares, and the sqrt(d) = 4 factor
+    assert records[0].site.formula.text.startswith("RMSNorm: x * sqrt(d) / max(||x||_2, eps)")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_inverse_l2_without_a_gain_outside_a_norm_module_is_no_site(method):
+    class Retriever(nn.Module):  # x * (1 / ||x||): a cosine similarity, no norm layer
+        def __init__(self):
+            super().__init__()
+            self.q, self.k = nn.Linear(16, 16), nn.Linear(16, 16)
+
+        def forward(self, x):
+            q, k = self.q(x), self.k(x)
+            q = q * (1.0 / q.norm(dim=-1, keepdim=True).clamp_min(1e-6))
+            return q @ k.transpose(-2, -1)
+
+    assert _records(Retriever(), SEQ, method) == []
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("norm, text", [
+    ("normalize", "RMSNorm: x / max(||x||_2, eps) * w over [feature]"),
+    ("rms_clamp", "RMSNorm: x / max(sqrt(mean(x^2)), eps) * w over [feature]"),
+    ("l2_plus_eps", "RMSNorm: x / (||x||_2 + eps) * w over [feature]"),
+])
+def test_l2_formula_text_says_what_is_computed(method, norm, text):
+    class L2Norm(nn.Module):
+        def __init__(self, d=16):
+            super().__init__()
+            self.g = nn.Parameter(torch.ones(d))
+
+        def forward(self, x):
+            if norm == "normalize":
+                return F.normalize(x, dim=-1) * self.g
+            if norm == "rms_clamp":  # ||x|| * d ** -0.5 is the RMS
+                return x / (x.norm(dim=-1, keepdim=True) * 16 ** -0.5).clamp(min=1e-8) * self.g
+            return x / (x.norm(dim=-1, keepdim=True) + 1e-6) * self.g
+
+    records = _records(Seq(L2Norm()), SEQ, method)
+    assert [(r.site.module, r.site.kind, r.site.reduced_dims) for r in records] == [("norm", "RMSNorm", [2])]
+    assert records[0].site.formula.text == text

@@ -549,12 +549,41 @@ def _special_text(rec: SiteRecord, f: Formula) -> Optional[str]:
         return f"Other (GRN): x * (1 + w * nx) + b, nx = ||x||_2 / (mean(||x||_2) + eps) over [{axes}]"
     if h.get("sum_of_squares"):
         return formula_text(s.kind, f, s.normalized_axes or []).replace("mean(x^2)", "sum(x^2)")
+    if h.get("statistic") == "l2_norm" and "l2_pre" in h:
+        return _l2_text(rec, f)
     form = h.get("form")
     if form == "gated":
         return f"Other (EvoNorm-S): x * sigmoid(v * x) / sqrt(var_pop + eps) * w + b over [{axes}]"
     if form == "combined":
         return f"Other (EvoNorm-B): x / max(sqrt(running_var + eps), v * x + sqrt(var_pop + eps)) * w + b over [{axes}]"
     return None
+
+
+def _l2_text(rec: SiteRecord, f: Formula) -> str:
+    """The formula text of a norm by the 2-norm (``x / max(||x||_2, eps)``, ``F.normalize``, ZAYA's
+    ``x * sqrt(d) / max(||x||_2, eps)``), written as computed: the denominator is ``||x||_2``, or
+    ``sqrt(mean(x^2))`` where a constant ``d ** -0.5`` turns it into the RMS before eps enters
+    (``||x||_2 = sqrt(sum(x^2)) = sqrt(d) * sqrt(mean(x^2))`` over the ``d`` reduced elements), and a
+    constant factor after eps multiplies the numerator (``sqrt(d)`` when it is that). Gain and bias as
+    :func:`normaudit.probes.reference.formula_text` writes them."""
+    s, h = rec.site, rec.hints
+    shp = s.input_shape or []
+    d = math.prod(shp[i] for i in s.reduced_dims or [] if i < len(shp)) if shp else None
+
+    def named(c: float, word: str = "sqrt(d)") -> str:
+        return word if d and math.isclose(c, math.sqrt(d), rel_tol=1e-6) else f"{c:g}"
+
+    pre, post = float(h["l2_pre"]), float(h["l2_post"])
+    if d and math.isclose(pre, d ** -0.5, rel_tol=1e-6):
+        den = "sqrt(mean(x^2))"
+    else:
+        den = "||x||_2" if math.isclose(pre, 1.0) else f"{named(1 / pre)} ** -1 * ||x||_2"
+    num = "x" if math.isclose(post, 1.0) else f"x * {named(1 / post)}"
+    body = {"clamp": f"{num} / max({den}, eps)", "outside_sqrt": f"{num} / ({den} + eps)"}.get(
+        f.eps_position or "", f"{num} / {den}")
+    gain = {"weight": " * w", "one_plus_weight": " * (1 + w)", "none": "", "unknown": " * g(w)?"}.get(
+        f.gain or "weight", "")  # as formula_text writes them
+    return f"{s.kind}: {body}{gain}{' + b' if f.bias else ''} over [{', '.join(s.normalized_axes or []) or '?'}]"
 
 
 _WIDTH = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}

@@ -43,7 +43,7 @@ import math
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 from torch import fx, nn
@@ -295,36 +295,69 @@ def _l2_stat(node: fx.Node) -> Optional[tuple[fx.Node, tuple[int, ...]]]:
     return red.source, red.dims
 
 
-def _l2_scale(norm: fx.Node) -> tuple[fx.Node, Optional[float], str]:
-    """From a 2-norm node, follow a scaling by a constant (``* d ** -0.5``) and ``clamp(min=eps)`` /
-    ``+ eps`` forward: (last node of that chain, eps, how eps enters)."""
-    node, eps, how = norm, None, "none"
-    for _ in range(4):
+class L2Scale(NamedTuple):
+    """What :func:`_l2_scale` read off the chain after a 2-norm ``||x||_2``: its last node, the eps and how it
+    enters, whether the chain ends in the inverse of the norm, and the constant factors of the denominator
+    ``pre * ||x||_2`` before the eps and ``post`` after it: the scale is ``post * max(pre * ||x||_2, eps)``
+    (or its inverse). ``pre = d ** -0.5`` makes the denominator the RMS of ``x``."""
+
+    node: fx.Node
+    eps: Optional[float]
+    how: str
+    inverted: bool
+    pre: float
+    post: float
+
+
+def _l2_scale(norm: fx.Node) -> L2Scale:
+    """From a 2-norm node, follow a scaling by a constant (``* d ** -0.5``), ``clamp(min=eps)`` / ``+ eps`` and
+    an inversion (``c / ||x||``, ``reciprocal``: export writes ``c / t`` as ``reciprocal(t) * c``) forward.
+    ZAYA's qk-norm ``q * (sqrt(d) / q.norm(dim=-1).clamp_min(eps))`` is ``q / (max(||q||_2, eps) / sqrt(d))``:
+    the RMS of ``q`` up to where eps enters (``pre`` 1, ``post`` d ** -0.5, inverted)."""
+    node, eps, how, inverted, pre, post = norm, None, "none", False, 1.0, 1.0
+
+    def rescale(c: float) -> None:
+        nonlocal pre, post
+        if how == "none" and not inverted:
+            pre *= c
+        else:
+            post *= c
+
+    for _ in range(6):
         users = [u for u in node.users if not op_name(u).startswith("_assert")]
         if len(users) != 1:
             break
         u = users[0]
         name = op_name(u)
-        if name in ("mul", "div") and u.args and u.args[0] is node and scalar_operand(u) is not None:
+        c = scalar_operand(u)
+        if name == "reciprocal" and not inverted:
+            node, inverted = u, True
+            continue
+        if name == "div" and len(u.args) > 1 and u.args[1] is node and not inverted and c is not None and c != 0:
+            node, inverted = u, True  # c / ||x||: the denominator is ||x|| / c
+            rescale(1 / c)
+            continue
+        if name in ("mul", "div") and u.args and (u.args[0] is node or name == "mul") and c is not None and c != 0:
+            # the denominator times c (or / c); after an inversion the factor divides it
+            rescale((c if name == "mul" else 1 / c) ** (-1 if inverted else 1))
             node = u
             continue
-        if name == "mul" and len(u.args) > 1 and u.args[1] is node and scalar_operand(u) is not None:
+        if name in NEUTRAL_OPS:
             node = u
             continue
+        if inverted:
+            break  # eps added to the inverse would be no eps of the norm
         if name in ("clamp", "maximum") and u.args and u.args[0] is node:
             c = arg(u, 1, "min", None)
             if not isinstance(c, (int, float)) or isinstance(c, bool):
                 break
             eps, how, node = float(c), "clamp", u
             continue
-        if name == "add" and scalar_operand(u) is not None:
-            eps, how, node = scalar_operand(u), "outside_sqrt", u
-            continue
-        if name in NEUTRAL_OPS:
-            node = u
+        if name == "add" and c is not None:
+            eps, how, node = c, "outside_sqrt", u
             continue
         break
-    return node, eps, how
+    return L2Scale(node, eps, how, inverted, pre, post)
 
 
 def _square_source(node: fx.Node) -> Optional[fx.Node]:
@@ -799,15 +832,20 @@ def _add_l2(node: fx.Node, act: Optional[set], add_pattern, modules) -> None:
         applied = node
         eps_v = arg(node, 3, "eps", 1e-12)
         eps, how = (float(eps_v) if isinstance(eps_v, (int, float)) else None), "clamp"
+        factors = {"l2_pre": 1.0, "l2_post": 1.0}
     else:
-        scale, eps, how = _l2_scale(node)
-        applied = _apply_node(scale, src, "div")
-        if applied is None or op_name(applied) != "div":
+        chain = _l2_scale(node)
+        eps, how = chain.eps, chain.how
+        by = "mul" if chain.inverted else "div"  # x * (c / ||x||) or x / ||x||
+        applied = _apply_node(chain.node, src, by)
+        if applied is None or op_name(applied) != by:
             return
+        factors = {"l2_pre": chain.pre, "l2_post": chain.post}
     if _learned_rescale(applied, act) or (_norm_like(modules.get(path))
                                           and not _mixed_with_activation(applied, act, path, modules)):
         rec = add_pattern(path, node, node, applied, src, dims, False, "mean_square", eps, how)
         rec.hints["statistic"] = "l2_norm"
+        rec.hints.update(factors)
 
 
 def _mixed_with_activation(normed: fx.Node, act: Optional[set], path: str, modules) -> bool:
