@@ -217,3 +217,23 @@ def test_xclip_temperature_before_einsum_is_no_site(eps_rules):
     assert "" not in modules and "text_model.final_layer_norm" in modules
     assert [s.eps for s in report.sites if s.module == "text_model.final_layer_norm"] == [1e-5]
     assert not [f for f in report.findings if f.rule_id == "NE103"]
+
+
+@pytest.mark.parametrize("dtype, expected", [("float16", [("NE104", "", "error")]), ("float32", [])])
+def test_normalize_default_clamp_underflows_in_float16_only(dtype, expected):
+    """F.normalize's default clamp eps=1e-12 is 0 in float16 (smallest subnormal 6e-8), not in float32."""
+    from torch.nn import functional as F
+
+    from conftest import audit_model, family_rules
+
+    class Normed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.g = torch.nn.Linear(16, 16), torch.nn.Parameter(torch.ones(16))
+
+        def forward(self, x):
+            return F.normalize(self.fc(x), dim=-1) * self.g
+
+    report = audit_model(Normed(), (torch.randn(2, 5, 16),), rules=family_rules("eps"), dtype=dtype)
+    assert [(s.module, s.kind, s.eps) for s in report.sites] == [("", "RMSNorm", 1e-12)]
+    assert [(f.rule_id, f.module, f.severity) for f in report.findings] == expected
