@@ -237,3 +237,43 @@ def test_normalize_default_clamp_underflows_in_float16_only(dtype, expected):
     report = audit_model(Normed(), (torch.randn(2, 5, 16),), rules=family_rules("eps"), dtype=dtype)
     assert [(s.module, s.kind, s.eps) for s in report.sites] == [("", "RMSNorm", 1e-12)]
     assert [(f.rule_id, f.module, f.severity) for f in report.findings] == expected
+
+
+def test_a_line_that_builds_a_whole_model_is_no_constructor_role(tmp_path):
+    """The construction line recorded for a norm built inside a library is the user's line that built the
+    whole model; it holds no call of the norm's class, so it is no role (every module of the model shares it),
+    while a line that constructs the norm, directly or as the call assigned to ``self.<attr>``, is one."""
+    from normaudit.facts.constructor import builds_elsewhere
+    from normaudit.report import SourceLocation
+
+    f = tmp_path / "model.py"
+    f.write_text("def build_model():\n    return UNet2DConditionModel(sample_size=8)\n"
+                 "class B:\n    def __init__(self, norm_cls):\n        self.norm = norm_cls(16, eps=1e-6)\n"
+                 "        self.gn = nn.GroupNorm(4, 16)\n")
+    assert builds_elsewhere(SourceLocation(file=str(f), line=2), "GroupNorm", "norm") is True
+    assert builds_elsewhere(SourceLocation(file=str(f), line=5), "GroupNorm", "norm") is False   # self.norm = ...
+    assert builds_elsewhere(SourceLocation(file=str(f), line=6), "GroupNorm", "gn") is False
+    assert builds_elsewhere(SourceLocation(file=str(tmp_path / "gone.py"), line=2), "GroupNorm", "norm") is False
+
+
+def test_a_literal_eps_is_read_from_a_helper_the_init_calls():
+    """diffusers' Transformer2DModel builds its GroupNorm in ``self._init_continuous_input(...)``, called by
+    ``__init__``: its literal eps is found there; a config key passed the same way is found too."""
+    from normaudit.facts.constructor import constructor_eps, constructor_literal_eps
+
+    class Block(torch.nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self._init_input(config)
+
+        def _init_input(self, config):
+            self.norm = torch.nn.GroupNorm(num_groups=4, num_channels=16, eps=1e-6)
+            self.ln = torch.nn.LayerNorm(16, eps=config.layer_norm_eps)
+
+    class Cfg:
+        layer_norm_eps = 1e-5
+
+    block = Block(Cfg())
+    assert constructor_literal_eps(None, block.norm, block, "norm") == 1e-6
+    assert constructor_literal_eps(None, block.ln, block, "ln") is None
+    assert constructor_eps(None, block.ln, block, "ln") == ("layer_norm_eps", "config.layer_norm_eps")

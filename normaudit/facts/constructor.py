@@ -24,9 +24,9 @@ import inspect
 import re
 import textwrap
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-__all__ = ["eps_argument", "constructor_eps"]
+__all__ = ["eps_argument", "literal_eps_argument", "constructor_eps", "constructor_literal_eps", "builds_elsewhere"]
 
 _EPS_NAME = re.compile(r"(?:^|_)(?:eps|epsilon)(?:$|_)", re.IGNORECASE)
 _MAX_SOURCE_BYTES = 4_000_000
@@ -74,6 +74,23 @@ def eps_argument(call: ast.Call, source: Optional[str] = None) -> Optional[tuple
     return next(iter(found)) if len(found) == 1 else None
 
 
+def literal_eps_argument(call: ast.Call, source: Optional[str] = None) -> Optional[float]:
+    """The number a constructor call writes as its eps keyword (``GroupNorm(32, c, eps=1e-6)``: ``1e-06``), or
+    None when the eps keyword is absent or not a number literal. ``source`` is unused (the signature of
+    :func:`eps_argument`, so both are extractors of :func:`_from_statements`).
+
+        >>> literal_eps_argument(ast.parse("nn.GroupNorm(32, c, eps=1e-6)").body[0].value)
+        1e-06
+        >>> literal_eps_argument(ast.parse("nn.LayerNorm(d, eps=config.layer_norm_eps)").body[0].value) is None
+        True
+    """
+    del source
+    values = {kw.value.value for kw in call.keywords if kw.arg and _EPS_NAME.search(kw.arg)
+              and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, (int, float))
+              and not isinstance(kw.value.value, bool)}
+    return float(values.pop()) if len(values) == 1 else None
+
+
 def _call_name(call: ast.Call) -> Optional[str]:
     func = call.func
     if isinstance(func, ast.Name):
@@ -118,9 +135,10 @@ def _assigned_call(stmt: ast.stmt, attr: Optional[str]) -> Optional[ast.Call]:
 
 
 def _from_statements(stmts: list[ast.stmt], class_name: str, attr: Optional[str], line: Optional[int],
-                     source: str) -> tuple[bool, Optional[tuple[str, str]]]:
-    """(a constructor call was found, the eps key it passes) among ``stmts``: calls named ``class_name``
-    (spanning ``line`` when given), else the call assigned to ``self.<attr>``. Calls that disagree: not found."""
+                     source: str, extract: Callable[..., Any] = eps_argument) -> tuple[bool, Any]:
+    """(a constructor call was found, what ``extract`` reads from it: by default the eps key it passes) among
+    ``stmts``: calls named ``class_name`` (spanning ``line`` when given), else the call assigned to
+    ``self.<attr>``. Calls that disagree: found, None."""
     calls = [n for s in stmts for n in ast.walk(s) if isinstance(n, ast.Call) and _call_name(n) == class_name]
     if line is not None and len(calls) > 1:
         spanning = [c for c in calls if c.lineno <= line <= (c.end_lineno or c.lineno)]
@@ -129,38 +147,61 @@ def _from_statements(stmts: list[ast.stmt], class_name: str, attr: Optional[str]
         calls = [c for c in (_assigned_call(s, attr) for s in stmts) if c is not None]
     if not calls:
         return False, None
-    keys = {eps_argument(c, source) for c in calls}
+    keys = {extract(c, source) for c in calls}
     return True, (keys.pop() if len(keys) == 1 else None)
 
 
 @functools.lru_cache(maxsize=1024)
-def _at_line(file: str, mtime: float, line: int, class_name: str,
-             attr: Optional[str]) -> tuple[bool, Optional[tuple[str, str]]]:
+def _at_line(file: str, mtime: float, line: int, class_name: str, attr: Optional[str],
+             extract: Callable[..., Any] = eps_argument) -> tuple[bool, Any]:
     """:func:`_from_statements` over the statement at ``file:line`` (cached: blocks share their lines)."""
     parsed = _parse_file(file, mtime)
     stmt = _statement_at(parsed[0], line) if parsed is not None else None
     if stmt is None:
         return False, None
-    return _from_statements([stmt], class_name, attr, line, parsed[1])
+    return _from_statements([stmt], class_name, attr, line, parsed[1], extract)
 
 
 @functools.lru_cache(maxsize=256)
 def _init_statements(parent_cls: type, attr: str) -> Optional[tuple[tuple[ast.stmt, ...], str]]:
-    """The statements of ``parent_cls.__init__`` (or a base's) that assign ``self.<attr>``, and its source."""
+    """The statements of ``parent_cls.__init__`` (or a base's), and of the methods it calls on ``self``
+    (diffusers' ``Transformer2DModel.__init__`` builds its norm in ``self._init_continuous_input(...)``), that
+    assign ``self.<attr>``, with their source."""
     for cls in inspect.getmro(parent_cls):
         init = cls.__dict__.get("__init__")
         if init is None or cls.__module__.split(".")[0] == "torch":
             continue
-        try:
-            text = textwrap.dedent(inspect.getsource(init))
-            tree = ast.parse(text)
-        except (OSError, TypeError, SyntaxError, ValueError, IndentationError, RecursionError):
-            continue
-        found = tuple(s for s in ast.walk(tree) if _assigned_call(s, attr) is not None
-                      or (isinstance(s, (ast.Assign, ast.AnnAssign)) and _assigns_attr(s, attr)))
-        if found:
-            return found, text
+        for text, tree in _init_and_helpers(cls, init):
+            found = tuple(s for s in ast.walk(tree) if _assigned_call(s, attr) is not None
+                          or (isinstance(s, (ast.Assign, ast.AnnAssign)) and _assigns_attr(s, attr)))
+            if found:
+                return found, text
     return None
+
+
+def _parsed_source(fn: Any) -> Optional[tuple[str, ast.Module]]:
+    try:
+        text = textwrap.dedent(inspect.getsource(fn))
+        return text, ast.parse(text)
+    except (OSError, TypeError, SyntaxError, ValueError, IndentationError, RecursionError):
+        return None
+
+
+def _init_and_helpers(cls: type, init: Any) -> list[tuple[str, ast.Module]]:
+    """``(source, tree)`` of ``init``, then of each method of ``cls`` it calls as ``self.<name>(...)``."""
+    first = _parsed_source(init)
+    if first is None:
+        return []
+    out = [first]
+    called = {n.func.attr for n in ast.walk(first[1]) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+              and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"}
+    for name in sorted(called):
+        method = getattr(cls, name, None)
+        if inspect.isfunction(method) and name != "__init__":
+            parsed = _parsed_source(method)
+            if parsed is not None:
+                out.append(parsed)
+    return out
 
 
 def _assigns_attr(stmt: ast.stmt, attr: str) -> bool:
@@ -169,12 +210,13 @@ def _assigns_attr(stmt: ast.stmt, attr: str) -> bool:
                and t.value.id == "self" for t in targets)
 
 
-def constructor_eps(definition: Any, module: Any, parent: Any, attr: Optional[str]) -> Optional[tuple[str, str]]:
+def constructor_eps(definition: Any, module: Any, parent: Any, attr: Optional[str],
+                    extract: Callable[..., Any] = eps_argument) -> Optional[tuple[str, str]]:
     """(config key, source text) the constructor call of ``module`` passes as eps, or None.
 
     ``definition``: the recorded construction line (a :class:`normaudit.report.SourceLocation` or None);
     ``parent``/``attr``: the module holding ``module`` and its attribute name there (for the ``__init__``
-    fallback). Never raises.
+    fallback); ``extract``: what to read from the call (:func:`eps_argument`). Never raises.
     """
     class_name = type(module).__name__
     try:
@@ -184,13 +226,39 @@ def constructor_eps(definition: Any, module: Any, parent: Any, attr: Optional[st
                 mtime = Path(file).stat().st_mtime
             except OSError:
                 mtime = 0.0
-            found, key = _at_line(file, mtime, int(definition.line), class_name, attr)
+            found, key = _at_line(file, mtime, int(definition.line), class_name, attr, extract)
             if found:
                 return key
         if parent is not None and attr and not attr.isdigit():
             init = _init_statements(type(parent), attr)
             if init:
-                return _from_statements(list(init[0]), class_name, attr, None, init[1])[1]
+                return _from_statements(list(init[0]), class_name, attr, None, init[1], extract)[1]
     except (RecursionError, MemoryError, ValueError, TypeError, AttributeError):
         return None
     return None
+
+
+def constructor_literal_eps(definition: Any, module: Any, parent: Any, attr: Optional[str]) -> Optional[float]:
+    """The number the constructor call of ``module`` writes as its eps (``nn.GroupNorm(32, c, eps=1e-6)`` in
+    diffusers' ``Transformer2DModel``), found as :func:`constructor_eps` finds the call; None when it passes a
+    config key, a computed value or nothing, or the call is not found. Never raises."""
+    return constructor_eps(definition, module, parent, attr, extract=literal_eps_argument)
+
+
+def builds_elsewhere(definition: Any, class_name: str, attr: Optional[str]) -> bool:
+    """Whether the recorded construction line of a ``class_name`` module is a line that builds something else:
+    it parses, and its statement holds no call named ``class_name`` nor a call assigned to ``self.<attr>``.
+    The line recorded for a norm built inside a library is the user's line that built the whole model
+    (``return DiTTransformer2DModel(...)`` in a factory), shared by every module of the model, so it says
+    nothing about the norm's role. False when the line holds such a call or cannot be read. Never raises."""
+    try:
+        if definition is None or not definition.line:
+            return False
+        file = str(definition.file)
+        parsed = _parse_file(file, Path(file).stat().st_mtime)
+        stmt = _statement_at(parsed[0], int(definition.line)) if parsed is not None else None
+        if stmt is None:
+            return False
+        return not _from_statements([stmt], class_name, attr, int(definition.line), parsed[1])[0]
+    except (OSError, RecursionError, MemoryError, ValueError, TypeError, AttributeError):
+        return False

@@ -53,7 +53,7 @@ from torch import fx
 
 from normaudit.capture.ir import dtype as node_dtype
 from normaudit.capture.ir import NEUTRAL_OPS, op_name, scalar_operand, strip_neutral
-from normaudit.facts.constructor import constructor_eps
+from normaudit.facts.constructor import builds_elsewhere, constructor_eps, constructor_literal_eps
 from normaudit.report import ConfigEps, EpsFacts, Site
 
 __all__ = ["EPS_KEYS", "GENERIC_EPS_KEYS", "ConfigSource", "find_eps_key", "find_generic_eps", "all_values",
@@ -69,6 +69,10 @@ EPS_KEYS: dict[str, tuple[str, ...]] = {
     "GroupNorm": ("group_norm_eps", "group_norm_epsilon", "gn_eps", "resnet_eps", "norm_eps", "norm_epsilon"),
     "BatchNorm": ("batch_norm_eps", "batch_norm_epsilon", "bn_eps"),
 }
+#: keys of EPS_KEYS that name no kind of norm: diffusers' ``norm_eps`` is its GroupNorms' eps in a UNet config
+#: and its LayerNorms' in a Transformer2DModel config, so a norm whose constructor writes its eps as a number
+#: (``nn.GroupNorm(..., eps=1e-6)``) is not declared by them (:func:`declared_eps`'s ``literal``)
+UNSPECIFIC_EPS_KEYS = ("norm_eps", "norm_epsilon")
 #: keys naming the eps of "the norms" of a model without saying which kind; read at the top level only
 GENERIC_EPS_KEYS = ("eps", "epsilon")
 _GENERIC_KINDS = ("LayerNorm", "RMSNorm")
@@ -264,6 +268,16 @@ def _passed_key(rec: Any, modules: Mapping[str, Any]) -> Optional[tuple[str, str
     return constructor_eps(site.definition, module, parent, attr)
 
 
+def _literal_eps(rec: Any, modules: Mapping[str, Any]) -> Optional[float]:
+    """The number the site's constructor call writes as its eps (module and pattern sites only), or None."""
+    site: Site = rec.site
+    module = modules.get(site.module) if site.module else None
+    if module is None or site.detected_by not in ("module", "pattern", "module_walk"):
+        return None
+    parent, attr = _parent(modules, site.module)
+    return constructor_literal_eps(site.definition, module, parent, attr)
+
+
 def _at_path(data: Any, text: Optional[str]) -> Optional[tuple[str, float]]:
     """The number the constructor's eps expression ``text`` names in ``data`` when it is a dotted config path
     into a sub-config (``config.vision_config.rms_norm_eps`` -> ``data["vision_config"]["rms_norm_eps"]``, as
@@ -284,7 +298,8 @@ def _at_path(data: Any, text: Optional[str]) -> Optional[tuple[str, float]]:
 
 
 def declared_eps(site: Site, effective: Optional[float], sources: list[ConfigSource],
-                 passed: Optional[str], passed_text: Optional[str] = None) -> tuple[list[ConfigEps], bool]:
+                 passed: Optional[str], passed_text: Optional[str] = None,
+                 literal: bool = False) -> tuple[list[ConfigEps], bool]:
     """What each configuration declares for ``site`` and whether its eps was changed after construction.
 
     ``--config`` and checkpoint configs apply to every site; of the model's own configs (``scope``: the
@@ -293,9 +308,12 @@ def declared_eps(site: Site, effective: Optional[float], sources: list[ConfigSou
     path (``eps=config.vision_config.rms_norm_eps``: ERNIE-4.5-VL's resampler, whose text config says another
     eps). ``changed``: the constructor passes a key the model's own
     configs in scope hold, and the eps differs from every value they give it (so it was altered after
-    construction, whatever the configs' origin).
+    construction, whatever the configs' origin). ``literal``: the constructor writes the eps as a number, so
+    only keys naming the site's kind of norm declare it (not :data:`UNSPECIFIC_EPS_KEYS`, nor a bare ``eps``).
     """
     keys = EPS_KEYS.get(site.kind, ())
+    if literal:
+        keys = tuple(k for k in keys if k not in UNSPECIFIC_EPS_KEYS)
     keys = ((passed,) + keys) if passed else keys
     out: list[ConfigEps] = []
     own = sorted((s for s in sources if s.scope is not None and s.origin in ("model", "library")
@@ -308,7 +326,7 @@ def declared_eps(site: Site, effective: Optional[float], sources: list[ConfigSou
             continue
         at_path = _at_path(src.data, passed_text) if passed else None
         found = at_path or find_eps_key(src.data, keys) or (
-            find_generic_eps(src.data) if site.kind in _GENERIC_KINDS else None)
+            find_generic_eps(src.data) if site.kind in _GENERIC_KINDS and not literal else None)
         if found is None:
             continue
         key, value = found
@@ -342,13 +360,15 @@ def analyse(ctx: Any, records: list) -> None:
         passed = _passed_key(rec, modules) if facts.effective is not None else None
         if passed is not None:
             facts.constructor_eps = passed[1]
+        literal = passed is None and facts.effective is not None and _literal_eps(rec, modules) is not None
         if facts.statistic == "l2_norm" and passed is None:
             # the clamp of an L2 norm (F.normalize's eps=1e-12, in the unit of ||x||, not of a variance) is no
             # norm-layer eps: a config's layer_norm_eps/rms_norm_eps names it only when its constructor passes it
             facts.declared, facts.changed = [], False
         else:
             facts.declared, facts.changed = declared_eps(site, facts.effective, sources,
-                                                         passed[0] if passed else None, passed[1] if passed else None)
+                                                         passed[0] if passed else None, passed[1] if passed else None,
+                                                         literal=literal)
         if facts.effective is not None:
             facts.dtype, facts.dtype_basis = eps_dtype_of(site, getattr(rec, "nodes", None))
             if facts.dtype is not None:
@@ -358,16 +378,17 @@ def analyse(ctx: Any, records: list) -> None:
 
 
 def _role_keys(site: Site, modules: Mapping[str, Any]) -> list[tuple]:
-    """The roles a site has: its constructor line, and its attribute name in a module of its parent's class
-    (numbered children of containers: the path with indices starred)."""
+    """The roles a site has: its constructor line (not where that line builds something else: the user's line
+    that built a whole library model, :func:`builds_elsewhere`), and its attribute name in a module of its
+    parent's class (numbered children of containers: the path with indices starred)."""
     keys: list[tuple] = []
     functional = site.detected_by == "functional"
     d = site.call if functional else site.definition   # a functional norm is "constructed" where it is called
-    if d is not None and d.line:
+    parent, attr = _parent(modules, site.module)
+    if d is not None and d.line and (functional or not builds_elsewhere(d, site.class_name, attr)):
         keys.append(("line", f"{'called' if functional else 'constructed'} at {Path(d.file).name}:{d.line}",
                      str(d.file), d.line))
     nth = (site.call_index,) if functional else ()
-    parent, attr = _parent(modules, site.module)
     if attr is not None:
         if attr.isdigit() or parent is None:
             pattern = ".".join("*" if p.isdigit() else p for p in site.module.split("."))
