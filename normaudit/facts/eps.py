@@ -258,24 +258,25 @@ def _parent(modules: Mapping[str, Any], path: str) -> tuple[Any, Optional[str]]:
     return modules.get(head), attr
 
 
-def _passed_key(rec: Any, modules: Mapping[str, Any]) -> Optional[tuple[str, str]]:
-    """(key, text) of the config key the site's constructor passes as eps (module and pattern sites only)."""
+def _from_constructor(rec: Any, modules: Mapping[str, Any], read: Any) -> Any:
+    """What ``read`` (:func:`constructor_eps`, :func:`constructor_literal_eps`) finds in the constructor call
+    of the site's module (module and pattern sites only), or None."""
     site: Site = rec.site
     module = modules.get(site.module) if site.module else None
     if module is None or site.detected_by not in ("module", "pattern", "module_walk"):
         return None
     parent, attr = _parent(modules, site.module)
-    return constructor_eps(site.definition, module, parent, attr)
+    return read(site.definition, module, parent, attr)
+
+
+def _passed_key(rec: Any, modules: Mapping[str, Any]) -> Optional[tuple[str, str]]:
+    """(key, text) of the config key the site's constructor passes as eps (module and pattern sites only)."""
+    return _from_constructor(rec, modules, constructor_eps)
 
 
 def _literal_eps(rec: Any, modules: Mapping[str, Any]) -> Optional[float]:
     """The number the site's constructor call writes as its eps (module and pattern sites only), or None."""
-    site: Site = rec.site
-    module = modules.get(site.module) if site.module else None
-    if module is None or site.detected_by not in ("module", "pattern", "module_walk"):
-        return None
-    parent, attr = _parent(modules, site.module)
-    return constructor_literal_eps(site.definition, module, parent, attr)
+    return _from_constructor(rec, modules, constructor_literal_eps)
 
 
 def _at_path(data: Any, text: Optional[str]) -> Optional[tuple[str, float]]:
