@@ -596,7 +596,9 @@ def infer_hf_inputs(model: nn.Module) -> Optional[tuple[Any, str]]:
     if config is None or name is None:
         return None
     params = _forward_params(model)
-    builders = dict(BUILDERS)
+    from normaudit.target.companion_inputs import COMPANION_BUILDERS
+
+    builders = {**COMPANION_BUILDERS, **BUILDERS}
     for key, variant in VARIANTS.items():
         if key in params:
             builders.update(variant)
