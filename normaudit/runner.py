@@ -260,7 +260,7 @@ def _progress_line(k: int, n: int, target: str, outcome: Outcome) -> None:
 
 def _run_local(pending: list[int], plan_opts: list, rules: dict, timeout: float, jobs: int, done: Callable) -> None:
     """At most ``jobs`` forked workers at a time; in this process, one after another, where fork does not exist."""
-    from normaudit.worker import Job, can_isolate, user_code_output, wait_any
+    from normaudit.worker import Job, can_isolate, collection_paused, user_code_output, wait_any
 
     if not can_isolate():
         for i in pending:
@@ -273,7 +273,8 @@ def _run_local(pending: list[int], plan_opts: list, rules: dict, timeout: float,
             else:
                 done(i, result, None, time.monotonic() - started)
         return
-    prewarm([plan_opts[i].target for i in pending])
+    with collection_paused():  # the imports make no garbage worth a walk of the heap (issue 14)
+        prewarm([plan_opts[i].target for i in pending])
     queue = list(pending)
     running: dict[Any, tuple[int, float]] = {}
     try:

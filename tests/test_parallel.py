@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from normaudit import cli
 from normaudit.cli import main
@@ -163,3 +164,68 @@ def test_prewarm_imports_the_modelling_module_of_a_model_type_two_targets_share(
     assert shared == ["gpt2", "no-such-type"]
     assert "transformers.models.gpt2.modeling_gpt2" in imported
     assert not any("bert" in m for m in imported)  # one target only: its worker imports it, no gain here
+
+
+def test_imports_before_the_fork_run_with_the_collector_off_and_land_in_the_oldest_generation():
+    """``collection_paused`` (the parent's imports before the forks, issue 14): no collection runs inside, the
+    objects made inside are in generation 2 afterwards (no collection has to walk them as young ones) and the
+    collector's state on entry is restored (on, or off)."""
+    import gc
+
+    from normaudit.worker import collection_paused
+
+    assert gc.isenabled()
+    collected = []
+    callback = lambda phase, info: collected.append(info["generation"]) if phase == "start" else None  # noqa: E731
+    gc.callbacks.append(callback)
+    try:
+        with collection_paused():
+            assert not gc.isenabled()
+            made = [[i] for i in range(20000)]  # 20000 tracked lists: ~28 gen-0 thresholds
+        assert collected == []
+        assert gc.isenabled()
+        assert gc.get_count()[0] < 5
+        oldest = {id(o) for o in gc.get_objects(generation=2)}
+        assert id(made) in oldest and id(made[-1]) in oldest
+        gc.disable()
+        with collection_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.callbacks.remove(callback)
+    assert gc.get_freeze_count() == 0
+
+
+class _Frozen(BaseModel):
+    at_start: int
+    after_phase: int
+    made_before_phase: bool
+
+
+def _frozen_counts() -> _Frozen:
+    import gc
+
+    from normaudit.worker import phase
+
+    at_start = gc.get_freeze_count()
+    made = [[i] for i in range(5000)]
+    phase("build")
+    frozen = gc.get_freeze_count()
+    return _Frozen(at_start=at_start, after_phase=frozen, made_before_phase=frozen >= at_start + len(made))
+
+
+def test_a_worker_starts_with_the_parents_objects_frozen_and_freezes_at_each_phase():
+    """A forked worker's collections never walk what it inherited: the parent freezes its heap just before the
+    fork and unfreezes it just after (its own collector is unchanged), so the worker starts with every object
+    of the parent in the permanent generation; each new phase of the worker freezes what was made before it."""
+    import gc
+
+    from normaudit.worker import Job
+
+    tracked = len(gc.get_objects())
+    out = Job("t", _frozen_counts, 60, _Frozen).start().result()
+    assert gc.get_freeze_count() == 0  # the parent unfroze
+    assert out.at_start >= tracked * 0.9
+    assert out.after_phase > out.at_start
+    assert out.made_before_phase
