@@ -143,9 +143,11 @@ def prewarm(targets: list[str]) -> None:
     if not all(_looks_checkpoint(t) for t in targets):
         import torch._dynamo  # noqa: F401
     if any(_looks_hf(t) for t in targets):
+        from normaudit.target.hf import _transformers
+
         try:
-            import transformers  # noqa: F401
-        except ImportError:
+            _transformers()  # offline, and transformers.models reuses the scan of its folder (share_models_scan)
+        except UsageError:  # not installed: each worker says so
             return
         for model_type in shared_model_types(targets):
             _import_modeling(model_type)

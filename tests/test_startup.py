@@ -142,3 +142,49 @@ def test_the_command_exits_normally_where_torch_was_never_imported(tmp_path):
 
     assert (proc.returncode, proc.stdout) == (0, f"normaudit {normaudit.__version__}\n")
     assert "ATEXIT RAN" in proc.stderr and "TEARDOWN RAN" in proc.stderr
+
+
+#: In a fresh process: count the scans of transformers' models/ folder while ``import transformers`` (through
+#: normaudit's loader; plainly with argv[1] == "plain") and then ``transformers.models`` run; print the
+#: count and whether the mapping transformers.models was given equals a fresh scan's.
+MODELS_SCAN = r"""
+import json, os, sys
+real = os.scandir
+seen = []
+def counting(path='.'):
+    seen.append(os.path.normpath(os.fspath(path)))
+    return real(path)
+os.scandir = counting
+import transformers
+if sys.argv[1] != "plain":
+    from normaudit.target.hf import _transformers
+    _transformers()
+import transformers.models.auto.configuration_auto
+iu = transformers.utils.import_utils
+models = os.path.join(os.path.dirname(transformers.__file__), "models")
+scans = seen.count(models)
+original = getattr(iu.define_import_structure, "__wrapped__", iu.define_import_structure)
+given = original(models)  # the lru_cache holds the scan under this key: what transformers.models got
+iu.create_import_structure_from_path.cache_clear()
+fresh = original(os.path.join(models, "__init__.py"))  # a new scan, as models/__init__.py asks for it
+norm = lambda x: ({str(sorted(k)) if isinstance(k, frozenset) else str(k): norm(v) for k, v in x.items()}
+                  if isinstance(x, dict) else sorted(map(str, x)))
+folders = {name.split(".")[0] for modules in given.values() for name in modules}
+print(json.dumps({"scans": scans, "same": norm(given) == norm(fresh), "folders": len(folders)}))
+"""
+
+
+def test_transformers_scans_its_models_folder_once_and_gets_the_same_mapping():
+    """transformers reads every file of models/ at ``import transformers`` and again at ``transformers.models``
+    (an lru_cache miss: a Path key, then a str one). Through normaudit's loader (share_models_scan) the second
+    import reuses the first scan: the folder is listed once, not twice, and the mapping is that of a fresh scan."""
+    import pytest
+
+    pytest.importorskip("transformers")
+    proc = subprocess.run([sys.executable, "-c", MODELS_SCAN, "shared"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["scans"] == 1  # "plain" (transformers 5.24 alone): 2
+    assert out["same"] is True
+    assert out["folders"] > 400  # every model folder (~550 in 5.24)

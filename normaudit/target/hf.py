@@ -140,13 +140,50 @@ def _strip_attention(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _transformers():
+    """The ``transformers`` module, imported offline and quietly (:func:`share_models_scan` applied); raises
+    UsageError when it is not installed."""
     set_offline()
     try:
         with _quiet():
             import transformers
     except ImportError as err:
         raise UsageError("Hugging Face targets need the 'transformers' package: pip install 'normaudit[hf]'") from err
+    share_models_scan(transformers)
     return transformers
+
+
+def share_models_scan(transformers) -> bool:
+    """Let ``transformers.models`` reuse the scan of its folder that ``import transformers`` already made.
+
+    transformers (5.x) reads every file of ``models/`` (~400 folders, to find each module's backends) twice:
+    ``transformers/__init__.py`` calls ``define_import_structure(Path(.../models))`` and ``models/__init__.py``
+    then ``define_import_structure(".../models/__init__.py")``. Both reach the ``lru_cache`` of
+    ``create_import_structure_from_path``, which takes the file's folder, but under different keys (a Path, a
+    str): the second call scans again (~0.25 s; issue 14). Before ``transformers.models`` is imported, this
+    wraps ``define_import_structure`` so that a package's ``__init__.py`` is looked up under the key of the
+    scan already made: the folder as a Path for ``models/``, as the str the recursive scan used for its
+    sub-folders (``models/llama``) otherwise. The result is the same mapping. Returns True when the wrapper
+    is (or was already) in place; False where this transformers has no such functions or ``models`` is
+    already imported (nothing changed)."""
+    import_utils = sys.modules.get("transformers.utils.import_utils")
+    define = getattr(import_utils, "define_import_structure", None)
+    create = getattr(import_utils, "create_import_structure_from_path", None)
+    if getattr(define, "_shares_scan", False):
+        return True
+    if define is None or not hasattr(create, "cache_info") or "transformers.models" in sys.modules:
+        return False
+    models = Path(transformers.__file__).parent / "models"
+
+    def define_import_structure(module_path, *args, **kwargs):
+        if isinstance(module_path, str) and os.path.basename(module_path) == "__init__.py":
+            folder = os.path.dirname(module_path)
+            module_path = models if Path(folder) == models else folder
+        return define(module_path, *args, **kwargs)
+
+    define_import_structure._shares_scan = True  # type: ignore[attr-defined]
+    define_import_structure.__wrapped__ = define  # type: ignore[attr-defined]
+    import_utils.define_import_structure = define_import_structure
+    return True
 
 
 @contextlib.contextmanager
