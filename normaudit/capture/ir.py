@@ -135,6 +135,29 @@ def shape(node: Any) -> Optional[tuple[int, ...]]:
     return None
 
 
+def sizes(node: Any) -> Optional[tuple[Optional[int], ...]]:
+    """The shape of a node's tensor value dim by dim: an int per concrete dim, None per data-dependent one
+    (an unbacked symbol of ``x[mask]``, ``nonzero``, MoE routing); None when the node has no tensor value.
+    ``h[mask]`` of an ``(N, S, D)`` tensor is ``(None, D)``: its rank and feature size stay known where
+    :func:`shape` gives up."""
+    v = val(node)
+    if not isinstance(v, torch.Tensor):
+        return None
+    out: list[Optional[int]] = []
+    for s in v.shape:
+        try:
+            out.append(int(s))
+        except (TypeError, ValueError, RuntimeError):
+            out.append(None)
+    return tuple(out)
+
+
+def rank(node: Any) -> Optional[int]:
+    """The number of dims of a node's tensor value (known even when a size is data-dependent), else None."""
+    v = val(node)
+    return v.dim() if isinstance(v, torch.Tensor) else None
+
+
 def dtype(node: Any) -> Optional[torch.dtype]:
     v = val(node)
     return v.dtype if isinstance(v, torch.Tensor) else None
@@ -188,15 +211,16 @@ REDUCTIONS = ("mean", "sum", "var", "std", "var_mean", "std_mean", "amax", "norm
 
 
 def reduction(node: fx.Node) -> Optional[Reduction]:
-    """Describe ``node`` as a reduction, or None when it is not one (or its input rank is unknown)."""
+    """Describe ``node`` as a reduction, or None when it is not one (or its input rank is unknown). Only the
+    input's rank is needed: a reduction over a tensor with a data-dependent size (the RMSNorm of ``h[mask]``)
+    is one too."""
     name = op_name(node)
     if name not in REDUCTIONS or not node.args or not isinstance(node.args[0], fx.Node):
         return None
     src = node.args[0]
-    in_shape = shape(src)
-    if in_shape is None:
+    n_dims = rank(src)
+    if n_dims is None:
         return None
-    rank = len(in_shape)
     dims: Any = arg(node, 1, "dim", None)
     correction: Optional[float] = None
     keepdim = bool(arg(node, 2, "keepdim", False)) if name in ("mean", "sum", "amax") else False
@@ -220,11 +244,11 @@ def reduction(node: fx.Node) -> Optional[Reduction]:
         dims = arg(node, 2, "dim", None)
         keepdim = bool(arg(node, 3, "keepdim", False))
     if dims is None or dims == []:
-        dims = tuple(range(rank))
+        dims = tuple(range(n_dims))
     elif isinstance(dims, int):
         dims = (dims,)
     try:
-        norm_dims = tuple(sorted({int(d) % rank for d in dims})) if rank else ()
+        norm_dims = tuple(sorted({int(d) % n_dims for d in dims})) if n_dims else ()
     except (TypeError, ValueError):
         return None
     return Reduction(op=name, source=src, dims=norm_dims, keepdim=keepdim, correction=correction)

@@ -542,7 +542,8 @@ def _special_text(rec: SiteRecord, f: Formula) -> Optional[str]:
     """The formula text of sites the LayerNorm/RMSNorm template does not describe: Global Response
     Normalization (Woo et al. 2023, eq. 1-3), sums of squares (nGPT's ``x * rsqrt(sum(x^2) + eps)``, a unit
     L2 norm) and the EvoNorm forms (Liu et al. 2020: a gated numerator,
-    ``x * sigmoid(v * x)``, or a ``max`` of two denominators)."""
+    ``x * sigmoid(v * x)``, or a ``max`` of two denominators), and cumulative norms (statistics of steps
+    ``0..t`` along a time dim, Gemma3n audio's cumulative GroupNorm)."""
     s, h = rec.site, rec.hints
     axes = ", ".join(s.normalized_axes or []) or "?"
     if h.get("statistic") == "grn":
@@ -552,6 +553,13 @@ def _special_text(rec: SiteRecord, f: Formula) -> Optional[str]:
     if h.get("statistic") == "l2_norm" and "l2_pre" in h:
         return _l2_text(rec, f)
     form = h.get("form")
+    if form == "cumulative":  # statistics of steps 0..t (a streaming norm): mean and variance are running ones
+        t = s.extra.get("cumulative_dim")
+        centred = ("(x - mean_0..t) / sqrt(var_pop_0..t + eps)" if f.mean_subtracted
+                   else "x / sqrt(mean_0..t(x^2) + eps)")
+        gain = " * w" if f.gain == "weight" else ""
+        bias = " + b" if f.bias else ""
+        return f"Other (cumulative): {centred}{gain}{bias} over [{axes}] of steps 0..t along dim {t}"
     if form == "gated":
         return f"Other (EvoNorm-S): x * sigmoid(v * x) / sqrt(var_pop + eps) * w + b over [{axes}]"
     if form == "combined":

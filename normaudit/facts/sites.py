@@ -24,6 +24,9 @@ Three detectors, in this order, each skipping nodes already claimed:
    kind Other (hint ``statistic="grn"``). An inverse RMS multiplying a weight's projection of its tensor
    (``F.linear(x, W) * rsqrt(mean(x^2))``, HY-V4's hyper-connections) is an RMSNorm; an L2-normalised
    direction its module projects other activations on (NeoMME's exclusive self-attention) is no site.
+   A cumulative norm (statistics of steps ``0..t`` along time by cumulative sums: ``cumsum(sum((x - m)^2)) /
+   count``, Gemma3n audio's cumulative GroupNorm) is kind Other (hint ``statistic="cumulative"``,
+   ``extra["cumulative_dim"]``).
 4. frozen BatchNorms (torchvision/timm/detectron2 ``FrozenBatchNorm2d``, transformers'
    ``DetrFrozenBatchNorm2d``): ``x * (w * rsqrt(running_var + eps)) + shift`` with the statistic a per-channel
    buffer, kind BatchNorm in eval mode (hint ``statistic="running_var"``). Symbolic tracing evaluates buffer
@@ -32,7 +35,9 @@ Three detectors, in this order, each skipping nodes already claimed:
 
 Statistics of a parameter are no site whatever they compute: weight standardisation (Qiao et al. 2019;
 ``F.batch_norm`` over a conv's weight in BiT and timm ``StdConv2d``) normalises no activation. Only nodes that
-depend on a model input (:func:`activation_nodes`) are normalised tensors.
+depend on a model input, or on a tensor the forward makes from no tensor (a decoder's own start tokens,
+``torch.full``; a diffusion canvas, ``torch.randint``), are normalised tensors (:func:`activation_nodes`).
+A statistic needs only its input's rank: the norm of ``h[mask]`` (a data-dependent row count) is a site.
 
 The module of a site is the innermost module whose forward produced it (CONTRACT.md).
 """
@@ -49,8 +54,8 @@ import torch
 from torch import fx, nn
 
 from normaudit.capture import Capture
-from normaudit.capture.ir import (NEUTRAL_OPS, arg, dtype, op_name, owner, reduction, scalar_operand, shape,
-                                  strip_neutral)
+from normaudit.capture.ir import (NEUTRAL_OPS, arg, dtype, op_name, owner, rank, reduction, scalar_operand,
+                                  shape, sizes, strip_neutral)
 from normaudit.report import GroupSplit, Site, SourceLocation
 
 BUILTIN_KINDS: list[tuple[type, str]] = [
@@ -266,9 +271,39 @@ def _find_stat(scale_in: fx.Node) -> Optional[tuple[fx.Node, Optional[float], st
             if red is not None and red.op == "var_mean":
                 return node.args[0], eps, how
             return None
-        if reduction(node) is not None:
+        if reduction(node) is not None or _cumulative_mean(node) is not None:
             return node, eps, how
         return None
+    return None
+
+
+def _cumulative_mean(node: Any) -> Optional[tuple[fx.Node, int]]:
+    """``cumsum(sum(v, dims, keepdim=True), t) / count``: the running mean over dim ``t`` (time) of per-step
+    sums over ``dims``, as a causal (streaming) norm computes its statistics: at step ``t`` the mean over
+    steps ``0..t`` (transformers' Gemma3n audio ``Gemma3nAudioCumulativeGroupNorm``, after JAX's
+    ``GroupNormalization(cumulative=True)``). Returns (the per-step ``sum`` node, ``t``) or None."""
+    node = strip_neutral(node)
+    if not isinstance(node, fx.Node) or op_name(node) != "div" or len(node.args) < 2:
+        return None
+    num = strip_neutral(node.args[0])
+    if not isinstance(num, fx.Node) or op_name(num) != "cumsum" or not num.args:
+        return None
+    step, t = strip_neutral(num.args[0]), arg(num, 1, "dim", None)
+    red = reduction(step) if isinstance(step, fx.Node) else None
+    n_dims = rank(step)
+    if red is None or red.op != "sum" or not red.keepdim or not isinstance(t, int) or not n_dims:
+        return None
+    t %= n_dims
+    return (step, t) if t not in red.dims else None
+
+
+def _cumulative_source(node: Any) -> Optional[fx.Node]:
+    """If ``node`` is ``x - cumulative_mean(x)`` (:func:`_cumulative_mean`, through casts) return x."""
+    node = strip_neutral(node)
+    if isinstance(node, fx.Node) and op_name(node) == "sub" and len(node.args) > 1:
+        a, cum = node.args[0], _cumulative_mean(node.args[1])
+        if cum is not None and strip_neutral(reduction(cum[0]).source) is strip_neutral(a):
+            return a
     return None
 
 
@@ -385,10 +420,11 @@ def _centered_source(node: fx.Node) -> Optional[fx.Node]:
 
 
 def _analyse_stat(stat: fx.Node) -> Optional[dict[str, Any]]:
-    """What a statistic node measures: source tensor, reduced dims, centred or not, estimator."""
+    """What a statistic node measures: source tensor, reduced dims, centred or not, estimator; a cumulative
+    statistic (:func:`_cumulative_mean` of squares) also its time dim (``cumulative_dim``)."""
     red = reduction(stat)
     if red is None:
-        return None
+        return _analyse_cumulative(stat)
     if red.op in ("var", "std", "var_mean", "std_mean"):
         return {"source": red.source, "dims": red.dims, "centered": True,
                 "variance": "unbiased" if (red.correction or 0) >= 1 else "population", "std": red.op == "std"}
@@ -408,6 +444,25 @@ def _analyse_stat(stat: fx.Node) -> Optional[dict[str, Any]]:
             return {"source": centred, "dims": red.dims, "centered": True, "variance": "population", "std": False}
         return {"source": sq, "dims": red.dims, "centered": False, "variance": "mean_square", "std": False}
     return None
+
+
+def _analyse_cumulative(stat: fx.Node) -> Optional[dict[str, Any]]:
+    """:func:`_analyse_stat` of a running mean of squares over time: ``cumsum(sum((x - m)^2)) / count`` with
+    ``m`` the running mean of ``x`` is the cumulative variance of ``x`` (centred); of ``x^2``, its cumulative
+    mean square. The statistic at step ``t`` covers ``dims`` of steps ``0..t``."""
+    cum = _cumulative_mean(stat)
+    if cum is None:
+        return None
+    step, t = cum
+    red = reduction(step)
+    sq = _square_source(strip_neutral(red.source))
+    if sq is None:
+        return None
+    info = {"dims": red.dims, "std": False, "statistic": "cumulative", "cumulative_dim": t}
+    centred = _cumulative_source(sq)
+    if centred is not None:
+        return {**info, "source": centred, "centered": True, "variance": "population"}
+    return {**info, "source": sq, "centered": False, "variance": "mean_square"}
 
 
 _VIEW_OPS = ("view", "reshape", "permute", "transpose", "contiguous", "flatten", "unflatten", "_unsafe_view",
@@ -457,8 +512,8 @@ def _projected(other: Any, source: fx.Node, dims: Any, act: Optional[set]) -> bo
     so the product is the RMSNorm of ``x`` projected (DeepSeek-V4-style hyper-connections, transformers HY-V4:
     ``F.linear(flat, self.fn) * self.input_norm(flat)``, the norm module returning only the inverse RMS)."""
     node = strip_neutral(other)
-    rank = len(shape(source) or ())
-    if act is None or not rank or dims is None or rank - 1 not in {d % rank for d in dims}:
+    n_dims = len(shape(source) or ())
+    if act is None or not n_dims or dims is None or n_dims - 1 not in {d % n_dims for d in dims}:
         return False
     if not isinstance(node, fx.Node) or op_name(node) not in _PROJECTIONS or len(node.args) < 2:
         return False
@@ -548,11 +603,26 @@ def _norm_like(mod: Optional[nn.Module]) -> bool:
             and all(sum(int(d) > 1 for d in p.shape) <= 1 for p in mod.parameters(recurse=False)))
 
 
-def activation_nodes(gm: fx.GraphModule, user_inputs: list[str]) -> Optional[set]:
+def created_tensor(node: fx.Node) -> bool:
+    """``node`` makes a tensor from no tensor: a factory call whose arguments are all literals
+    (``torch.full((B, 1), bos_id)``, ``torch.randint(0, V, (B, S))``, ``torch.zeros(...)``). A forward that
+    builds its own input this way (Dia's decoder start tokens, a diffusion decoder's random canvas) feeds
+    data, not weights, to the layers after it."""
+    if node.op != "call_function" or node.all_input_nodes:
+        return False
+    v = node.meta.get("val", node.meta.get("tensor_meta"))
+    return v is None or isinstance(v, torch.Tensor) or hasattr(v, "shape")
+
+
+def activation_nodes(gm: fx.GraphModule, user_inputs: list[str], created: bool = False) -> Optional[set]:
     """The nodes whose value depends on a model input (activations), in one pass over the graph; None when
     the capture names no inputs (then every node counts as one). A node outside this set is a function of
     parameters, buffers and constants only: statistics over it (weight standardisation, Qiao et al. 2019:
-    ``F.batch_norm`` over a conv's weight in BiT/timm ``StdConv2d``) normalise no activation."""
+    ``F.batch_norm`` over a conv's weight in BiT/timm ``StdConv2d``) normalise no activation.
+
+    With ``created``, tensors the forward creates from no tensor (:func:`created_tensor`) and what is computed
+    from them count too: then a node outside the set is a function of parameters and buffers alone, and a
+    norm over a decoder input the model made itself (``embed(torch.full(...))``) is still a norm of data."""
     names = set(user_inputs)
     if not names:
         return None
@@ -561,7 +631,7 @@ def activation_nodes(gm: fx.GraphModule, user_inputs: list[str]) -> Optional[set
         if node.op == "placeholder":
             if node.name in names:
                 act.add(node)
-        elif any(a in act for a in node.all_input_nodes):
+        elif any(a in act for a in node.all_input_nodes) or (created and created_tensor(node)):
             act.add(node)
     return act
 
@@ -811,7 +881,7 @@ def _add_frozen_batchnorm(root: fx.Node, frozen: tuple[fx.Node, Optional[float]]
     rec.hints["statistic"] = "running_var"
 
 
-def _add_l2(node: fx.Node, act: Optional[set], add_pattern, modules) -> None:
+def _add_l2(node: fx.Node, act: Optional[set], add_pattern, modules, data: Optional[set] = None) -> None:
     """Sites from a 2-norm: Global Response Normalization; ``x / max(||x||_2 [* d ** -0.5], eps)`` and
     ``F.normalize`` as RMSNorm (up to a constant the gain absorbs) inside a module that is only a norm, or
     elsewhere when a learned parameter rescales the result (a gain, or the temperature of cosine q/k
@@ -819,7 +889,7 @@ def _add_l2(node: fx.Node, act: Optional[set], add_pattern, modules) -> None:
     layer."""
     path = owner(node, modules)
     src, dims = _l2_stat(node)
-    if not _is_act(src, act):
+    if not _is_act(src, act if data is None else data):
         return
     grn = _grn_stat(node)
     if grn is not None:
@@ -921,10 +991,13 @@ def _folded_candidates(nodes: list[fx.Node], mod: Optional[nn.Module], act: Opti
     return out
 
 
-def _hand_written_sites(gm: fx.GraphModule, modules: dict, claimed: set, act: Optional[set], add_pattern) -> None:
+def _hand_written_sites(gm: fx.GraphModule, modules: dict, claimed: set, act: Optional[set], add_pattern,
+                        data: Optional[set] = None) -> None:
     """Detector 3 of the module docstring: statistics turned into a scale by a root and applied to the tensor
     they were taken on (and the 2-norm forms, and frozen BatchNorms read off an exported graph). New sites go
-    through ``add_pattern`` (the closure of :func:`discover_sites`), which also extends ``claimed``."""
+    through ``add_pattern`` (the closure of :func:`discover_sites`), which also extends ``claimed``. ``data``
+    (default ``act``): the nodes a statistic may be taken on (:func:`activation_nodes` with ``created``)."""
+    data = act if data is None else data
     for node in gm.graph.nodes:
         if node in claimed or builtin_kind(modules.get(owner(node, modules))) is not None:
             continue
@@ -941,12 +1014,12 @@ def _hand_written_sites(gm: fx.GraphModule, modules: dict, claimed: set, act: Op
         elif name == "std":
             stat, eps, how = node, None, "none"
         elif _l2_stat(node) is not None:
-            _add_l2(node, act, add_pattern, modules)
+            _add_l2(node, act, add_pattern, modules, data)
             continue
         else:
             continue
         info = _analyse_stat(stat)
-        if info is None or not _is_act(info["source"], act):
+        if info is None or not _is_act(info["source"], data):
             continue  # statistics of a parameter (weight standardisation) normalise no activation
         scale = node
         if name in ("std", "sqrt") or (name == "pow" and node.args[1] == 0.5):
@@ -965,7 +1038,8 @@ def _hand_written_sites(gm: fx.GraphModule, modules: dict, claimed: set, act: Op
         form = _numerator_form(other, info["source"], act)
         centered = info["centered"] if form in ("unknown", "gated") else form == "centred"
         combined = _combined(scale, applied)
-        kind = "Other" if form == "gated" or combined else None
+        cumulative = info.get("statistic") == "cumulative"  # statistics over steps 0..t: no per-step norm
+        kind = "Other" if form == "gated" or combined or cumulative else None
         group = _group_view(info["source"], info["dims"]) if kind is None and centered else None
         if group is not None and not _restored(applied, shape(group[0])):
             group = None  # the result stays in the view: a norm over the view's dims (a framed waveform)
@@ -977,11 +1051,15 @@ def _hand_written_sites(gm: fx.GraphModule, modules: dict, claimed: set, act: Op
             continue
         rec = add_pattern(owner(node, modules), node, stat, applied, info["source"], info["dims"], centered,
                           info["variance"], eps, how, kind=kind)
-        if kind == "Other":
-            rec.hints["form"] = "gated" if form == "gated" else "combined"
-        if "statistic" in info:
-            rec.hints["statistic"] = info["statistic"]
-            rec.hints["sum_of_squares"] = True
+        if cumulative:
+            rec.hints.update(statistic="cumulative", form="cumulative")
+            rec.site.extra["cumulative_dim"] = info["cumulative_dim"]
+        else:
+            if kind == "Other":
+                rec.hints["form"] = "gated" if form == "gated" else "combined"
+            if "statistic" in info:
+                rec.hints["statistic"] = info["statistic"]
+                rec.hints["sum_of_squares"] = True
 
 
 _GROUP_VIEWS = ("view", "reshape", "_unsafe_view")
@@ -1139,6 +1217,8 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
 
     # 1 + 2: built-in modules and functional calls
     act = activation_nodes(gm, list(cap.user_inputs))
+    # what a statistic must be taken on to be a norm: data, the inputs' or data the forward made itself
+    data = activation_nodes(gm, list(cap.user_inputs), created=True)
     seen_builtin: set[str] = set()
     for node in gm.graph.nodes:
         name = op_name(node)
@@ -1154,7 +1234,7 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
             path = owner(node, modules)
             mod = modules.get(path)
             kind = OP_KINDS[name]
-            if not _is_act(node.args[0] if node.args else None, act):
+            if not _is_act(node.args[0] if node.args else None, data):
                 continue  # F.batch_norm over a conv's weight: weight standardisation, no activation normalised
             if builtin_kind(mod) is not None:
                 rec = new(path, builtin_kind(mod), "module", node, name)
@@ -1198,12 +1278,13 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
         rec.output = out
         rec.nodes |= {node, stat, applied, *chain}
         claimed |= rec.nodes
-        in_shape = shape(rec.input)
+        in_sizes = sizes(rec.input)  # a data-dependent row count (h[mask]) leaves the feature sizes known
         rec.site.reduced_dims = list(dims)
-        if in_shape is not None:
-            rank = len(in_shape)
-            if dims and list(dims) == list(range(rank - len(dims), rank)):
-                rec.site.normalized_shape = [in_shape[d] for d in dims]
+        if in_sizes is not None:
+            n_dims = len(in_sizes)
+            if dims and list(dims) == list(range(n_dims - len(dims), n_dims)) \
+                    and all(in_sizes[d] is not None for d in dims):
+                rec.site.normalized_shape = [in_sizes[d] for d in dims]
         rec.site.eps = eps
         rec.site.compute_dtype = _dtype_str(dtype(stat))
         rec.hints.update(how_eps=how, variance=variance, centered=centered,
@@ -1216,7 +1297,7 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
         return rec
 
     # 3: hand-written norms; 4: frozen BatchNorms folded by symbolic tracing
-    _hand_written_sites(gm, modules, claimed, act, add_pattern)
+    _hand_written_sites(gm, modules, claimed, act, add_pattern, data)
     _folded_frozen_batchnorm_sites(owned, records, modules, act, add_pattern)
 
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
@@ -1232,15 +1313,17 @@ def _finish(records: list[SiteRecord]) -> None:
         s = rec.site
         s.call_index = counts[s.module]
         counts[s.module] += 1
-        in_shape = shape(rec.input) if rec.input is not None else None
-        if in_shape is not None:
-            s.input_shape = list(in_shape)
+        # sizes, not shape: a data-dependent size (h[mask]) leaves rank, dtype and the other sizes known
+        in_sizes = sizes(rec.input) if rec.input is not None else None
+        if in_sizes is not None:
+            if None not in in_sizes:
+                s.input_shape = list(in_sizes)
             s.input_dtype = _dtype_str(dtype(rec.input))
             if s.reduced_dims is None:
                 n = len(s.normalized_shape or [1])
-                s.reduced_dims = reduced_dims_for(s.kind, len(in_shape), n)
-            if s.kind == "GroupNorm" and s.num_channels is None and len(in_shape) > 1:
-                s.num_channels = in_shape[1]
+                s.reduced_dims = reduced_dims_for(s.kind, len(in_sizes), n)
+            if s.kind == "GroupNorm" and s.num_channels is None and len(in_sizes) > 1:
+                s.num_channels = in_sizes[1]
         _resolve_default_eps(s)
         if s.compute_dtype is None and s.input_dtype is not None:
             fused = s.detected_by in ("module", "functional")
