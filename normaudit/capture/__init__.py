@@ -443,7 +443,9 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
     retried with the example's real integer inputs as constants (:func:`constant_inputs`); a multimodal
     forward that still fails is retried on its main tower's inputs alone
     (:func:`normaudit.target.inputs.main_tower_inputs`). When no method captures the whole model and
-    ``parts_fallback`` is set, its parts are captured alone (:mod:`normaudit.capture.parts`).
+    ``parts_fallback`` is set, its parts are captured alone (:mod:`normaudit.capture.parts`), then the
+    Hugging Face models of their own inside it that hold norms no part covers, on inputs built for each
+    (:func:`normaudit.capture.parts.capture_submodels`: a forward that fails at once records no part).
     """
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     if not on_meta:
@@ -484,11 +486,18 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
             with _quiet():
                 cap.parts = capture_unreached(cap, mode, dtype)
         return cap
-    parts, parts_error = (_capture_parts(model, fake_args, mode, modules, inputs, buffers, dtype) if parts_fallback
-                          else ([], None))
+    from normaudit.capture.parts import MAX_SECONDS, capture_submodels, parts_reached
+
+    until = time.perf_counter() + MAX_SECONDS  # the parts and the submodels share one budget
+    parts, parts_error = (_capture_parts(model, fake_args, mode, modules, inputs, buffers, dtype, until)
+                          if parts_fallback else ([], None))
     _restore_modes(modules, modes)
-    return Capture(gm=None, method="module_walk", attempts=attempts, root=model, modules=modules,
-                   train_error=train_error, parts=parts, parts_error=parts_error, buffer_values=buffers)
+    cap = Capture(gm=None, method="module_walk", attempts=attempts, root=model, modules=modules,
+                  train_error=train_error, parts=parts, parts_error=parts_error, buffer_values=buffers)
+    if parts_fallback:  # the models of their own that hold norms no part covers (a forward that fails at once)
+        with _quiet():
+            cap.parts = parts + capture_submodels(cap, mode, dtype, parts_reached(parts), parts, until)
+    return cap
 
 
 def _try_methods(model: nn.Module, fake_args: Any, inputs: Any, mode: FakeTensorMode, methods: tuple[str, ...],
@@ -562,11 +571,11 @@ def _plan(methods: tuple[str, ...], fake_args: Any, inputs: Any,
 
 def _capture_parts(model: nn.Module, fake_args: Any, mode: FakeTensorMode, modules: dict[str, nn.Module],
                    real_inputs: Any = None, buffers: Optional[dict] = None,
-                   dtype: torch.dtype = torch.float32) -> tuple[list, Optional[str]]:
+                   dtype: torch.dtype = torch.float32, until: Optional[float] = None) -> tuple[list, Optional[str]]:
     """:func:`normaudit.capture.parts.capture_parts` over the norm modules ``walk_modules`` finds
     (``real_inputs``: the example inputs ``fake_args`` were made from; ``buffers``: :func:`integer_buffers`;
     the main tower's inputs alone, :func:`normaudit.target.inputs.main_tower_inputs`, record what the
-    forward on all inputs does not reach)."""
+    forward on all inputs does not reach; ``until``: no part capture starts after this ``time.perf_counter()``)."""
     from normaudit.target.inputs import main_tower_inputs
 
     from normaudit.capture.parts import capture_parts
@@ -580,7 +589,7 @@ def _capture_parts(model: nn.Module, fake_args: Any, mode: FakeTensorMode, modul
     with _quiet():
         fewer = main_tower_inputs(model, real_inputs) if isinstance(real_inputs, dict) else None
         fewer_pair = (fake_inputs(fewer, mode, dtype), fewer) if fewer is not None else None
-        return capture_parts(model, fake_args, mode, norm_paths, extra, real_inputs, buffers, fewer_pair)
+        return capture_parts(model, fake_args, mode, norm_paths, extra, real_inputs, buffers, fewer_pair, until)
 
 
 def _restore_modes(modules: dict[str, nn.Module], modes: dict[str, bool]) -> None:

@@ -26,6 +26,9 @@ from normaudit.report import CaptureAttempt
 
 #: at most this many part captures are tried, and for at most this many seconds in all
 MAX_ATTEMPTS, MAX_SECONDS = 64, 120.0
+#: the end of the ``method`` of a part captured as a model of its own on inputs built for it
+#: (:func:`capture_submodels`) after the whole model failed, in the report's ``capture.parts``
+OWN_INPUTS = " (a model of its own, on inputs built for it)"
 #: a model of at most this many parameter elements may be run on real numbers when its forward needs them
 REAL_RUN_MAX_ELEMENTS = 20_000_000
 
@@ -34,11 +37,14 @@ REAL_RUN_MAX_ELEMENTS = 20_000_000
 class PartCapture:
     """One captured part: ``path`` is its ``named_modules()`` path in the whole model; ``capture`` its
     :class:`normaudit.capture.Capture` (module paths relative to the part); ``inputs`` the recorded inputs,
-    described (``"arg0: float32[2, 16, 32]"``)."""
+    described (``"arg0: float32[2, 16, 32]"``); ``own_inputs``: see below."""
 
     path: str
     capture: Any
     inputs: list[str] = field(default_factory=list)
+    #: captured on inputs built for it as a model of its own (:func:`capture_submodels`), not on inputs the
+    #: whole model's forward gave it
+    own_inputs: bool = False
 
 
 def _keepable(v: Any) -> bool:
@@ -236,7 +242,8 @@ def _describe(args: tuple, kwargs: dict) -> list[str]:
 def capture_parts(root: nn.Module, inputs: Any, mode: FakeTensorMode, norm_paths: list[str],
                   extra_kwargs: Optional[dict[str, Any]] = None, real_inputs: Any = None,
                   buffers: Optional[dict[str, dict[str, torch.Tensor]]] = None,
-                  fewer: Optional[tuple[Any, Any]] = None) -> tuple[list[PartCapture], Optional[str]]:
+                  fewer: Optional[tuple[Any, Any]] = None,
+                  until: Optional[float] = None) -> tuple[list[PartCapture], Optional[str]]:
     """Capture the parts of ``root`` that hold the norm modules ``norm_paths`` (see the module docstring).
     ``real_inputs``: the real example inputs ``inputs`` were made from, for the real run (:func:`_record_real`);
     ``buffers``: the integer buffers' values (:func:`normaudit.capture.integer_buffers`), for the real run and
@@ -244,6 +251,7 @@ def capture_parts(root: nn.Module, inputs: Any, mode: FakeTensorMode, norm_paths
     (:func:`normaudit.target.inputs.main_tower_inputs`): when the forward on all inputs stops before some
     holders (a vision-language model whose image placeholders do not match its image features), a second
     forward on these records the main tower's modules it did not reach (the language model's blocks).
+    ``until``: no part capture starts after this ``time.perf_counter()`` (default :data:`MAX_SECONDS` from now).
 
     Returns the captured parts (outermost first, none nested in another) and the error that stopped the
     eager forward (None when it ran through). Never raises.
@@ -258,7 +266,8 @@ def capture_parts(root: nn.Module, inputs: Any, mode: FakeTensorMode, norm_paths
         more, _ = _record_best(root, fewer[0], mode, holders - set(recorded), extra_kwargs, fewer[1], buffers)
         recorded = {**more, **recorded}
     found: list[PartCapture] = []
-    budget = {"attempts": 0, "until": time.perf_counter() + MAX_SECONDS, "buffers": buffers or {}}
+    budget = {"attempts": 0, "until": time.perf_counter() + MAX_SECONDS if until is None else until,
+              "buffers": buffers or {}}
     children = {name: mod for name, mod in root.named_children()}
     for name in children:
         _visit(root, name, holders, recorded, mode, found, budget)
@@ -338,39 +347,89 @@ def reached_modules(cap: Any) -> set[str]:
 
 
 def capture_unreached(cap: Any, mode: FakeTensorMode, dtype: torch.dtype) -> list[PartCapture]:
-    """Towers the whole-model forward never called (the speech encoder of a text-to-text run): each outermost
-    uncalled submodule that holds a norm and is a Hugging Face model of its own (a ``config`` and a
-    ``main_input_name``) is captured alone on inputs built for it (:func:`normaudit.target.inputs.infer_hf_inputs`).
+    """Towers the whole-model forward never called (the speech encoder of a text-to-text run), captured alone
+    as models of their own (:func:`capture_submodels`); every module a node of the whole graph was computed in
+    counts as reached."""
+    return capture_submodels(cap, mode, dtype, reached_modules(cap), [])
+
+
+def parts_reached(parts: list[PartCapture]) -> set[str]:
+    """Whole-model paths of every captured part and of every module a node of its graph was computed in."""
+    out = {p.path for p in parts}
+    for p in parts:
+        out.update(_join(p.path, m) for m in reached_modules(p.capture))
+    return out
+
+
+def capture_submodels(cap: Any, mode: FakeTensorMode, dtype: torch.dtype, reached: set[str],
+                      taken: list[PartCapture], until: Optional[float] = None) -> list[PartCapture]:
+    """The Hugging Face models of their own (a ``config`` and a ``main_input_name``: a vision encoder, a
+    language model, a codec) inside ``cap.modules`` that hold norms no capture reached, each captured alone
+    on inputs built for it (:func:`own_inputs`), outermost first.
+
+    A submodule is tried when no module of ``reached`` (whole-model paths) lies in it, it lies in no part of
+    ``taken`` (parts already captured) nor of those found here, and it holds a norm module (``walk_modules``)
+    in none of them. When the submodule alone cannot be captured, its blocks are (:func:`capture_parts`, on
+    the inputs its own forward gives them); the Hugging Face models inside it that those leave uncovered are
+    tried after it, in ``named_modules()`` order. Stops at ``until`` (``time.perf_counter()``; default
+    :data:`MAX_SECONDS` from now). Returns the new parts, with ``own_inputs`` set. Never raises.
     """
     from normaudit.capture import constant_inputs, fake_inputs
     from normaudit.facts.sites import walk_modules
-    from normaudit.target.inputs import forward_kwargs, _forward_params, infer_hf_inputs
+    from normaudit.target.inputs import forward_kwargs, _forward_params
 
-    reached = reached_modules(cap)
-    unreached = [r.site.module for r in walk_modules(cap.modules)
-                 if r.site.module and not any(_under(m, r.site.module) for m in reached)]
+    held = [p.path for p in taken]
+    norms = [r.site.module for r in walk_modules(cap.modules) if r.site.module
+             and not any(_under(r.site.module, p) for p in held) and not any(_under(m, r.site.module) for m in reached)]
     found: list[PartCapture] = []
-    until = time.perf_counter() + MAX_SECONDS
+    until = time.perf_counter() + MAX_SECONDS if until is None else until
     for path, mod in cap.modules.items():
-        if (not path or any(_under(path, p.path) for p in found) or time.perf_counter() > until
+        inside = held + [p.path for p in found]
+        if (not path or time.perf_counter() > until or any(_under(path, p) for p in inside)
                 or getattr(mod, "main_input_name", None) is None or getattr(mod, "config", None) is None
-                or any(_under(m, path) for m in reached)
-                or not any(_under(u, path) for u in unreached)):
+                or any(_under(m, path) for m in reached) or any(_under(p, path) for p in inside)
+                or not any(_under(n, path) for n in norms)):
             continue
-        built = infer_hf_inputs(mod)
+        built = own_inputs(mod)
         if built is None:
             continue
-        kwargs = {**fake_inputs(built[0], mode, dtype), **forward_kwargs(_forward_params(mod))}
+        kwargs = {**fake_inputs(built, mode, dtype), **forward_kwargs(_forward_params(mod))}
         buffers = buffers_under(getattr(cap, "buffer_values", {}), path)
-        sub = capture_one(mod, (), kwargs, mode, constant_inputs(kwargs, built[0]), buffers)
+        sub = capture_one(mod, (), kwargs, mode, constant_inputs(kwargs, built), buffers)
         if sub.gm is not None:
-            found.append(PartCapture(path=path, capture=sub, inputs=_describe((), kwargs)))
+            found.append(PartCapture(path=path, capture=sub, inputs=_describe((), kwargs), own_inputs=True))
             continue
-        inner = [u[len(path) + 1:] for u in unreached if u.startswith(path + ".")]
-        for part in capture_parts(mod, kwargs, mode, inner, real_inputs=built[0], buffers=buffers)[0]:  # its blocks, on the
-            # inputs its forward gives them
-            found.append(PartCapture(path=_join(path, part.path), capture=part.capture, inputs=part.inputs))
+        inner = [n[len(path) + 1:] for n in norms if n.startswith(path + ".")]
+        for part in capture_parts(mod, kwargs, mode, inner, real_inputs=built, buffers=buffers, until=until)[0]:
+            found.append(PartCapture(path=_join(path, part.path), capture=part.capture, inputs=part.inputs,
+                                     own_inputs=True))
     return found
+
+
+def own_inputs(mod: nn.Module) -> Optional[dict[str, torch.Tensor]]:
+    """The keyword inputs :func:`normaudit.target.inputs.infer_hf_inputs` builds for the Hugging Face model
+    ``mod`` (real CPU tensors), or None. ``infer_hf_inputs`` checks its candidates (patches as images or as
+    flattened rows, ...) with a forward on the meta device only, so a model whose tensors are fake gets meta
+    ones of the same shapes and dtypes meanwhile (restored after); a candidate's meta forward that meets a
+    tensor kept elsewhere (a plain attribute) fails, and then the first candidates are used. Never raises."""
+    from normaudit.target.inputs import infer_hf_inputs
+
+    tables = [(m._parameters, True) for m in mod.modules()] + [(m._buffers, False) for m in mod.modules()]
+    saved = [(tab, dict(tab)) for tab, _ in tables]
+    try:
+        for tab, is_param in tables:
+            for name, t in list(tab.items()):
+                if t is not None:
+                    meta = torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
+                    tab[name] = nn.Parameter(meta, t.requires_grad) if is_param else meta
+        built = infer_hf_inputs(mod)
+    except Exception:  # noqa: BLE001 - no inputs: the submodule is left to the others
+        built = None
+    finally:
+        for tab, old in saved:
+            tab.clear()
+            tab.update(old)
+    return built[0] if built is not None else None
 
 
 def facts_of_parts(ctx: Any, parts: list[PartCapture], walked: list) -> tuple[list, Any]:
@@ -448,14 +507,17 @@ def coverage(cap: Any, sites: list) -> tuple[list, list]:
     """The report's ``capture.parts`` and ``capture.unaudited`` (``normaudit.report.CapturedPart`` and
     ``UnauditedModule``) for a capture and the sites found from it.
 
-    A norm module (as ``walk_modules`` finds them) is unaudited when no site from a graph lies in it: with a
+    Without a whole-model graph, the ``method`` of a part captured as a model of its own ends with
+    :data:`OWN_INPUTS` (with one, every part is: the note says so). A norm module (as ``walk_modules`` finds
+    them) is unaudited when no site from a graph lies in it: with a
     whole-model graph it was never called by the forward on the inputs used (a vision or speech tower of a
     multimodal model given text only, an unused norm); without one, it lies in no captured part.
     """
     from normaudit.facts.sites import walk_modules
     from normaudit.report import CapturedPart, UnauditedModule
 
-    parts = [CapturedPart(module=p.path, class_name=type(p.capture.root).__name__, method=p.capture.method,
+    parts = [CapturedPart(module=p.path, class_name=type(p.capture.root).__name__,
+                          method=p.capture.method + (OWN_INPUTS if p.own_inputs and cap.gm is None else ""),
                           inputs=p.inputs, sites=sum(_under(s.module, p.path) and s.detected_by != "module_walk"
                                                      for s in sites))
              for p in getattr(cap, "parts", [])]
@@ -476,18 +538,30 @@ def coverage(cap: Any, sites: list) -> tuple[list, list]:
 
 
 def coverage_note(parts: list, unaudited: list, whole: bool) -> list[str]:
-    """Notes for the report: which parts were captured alone, and the norm modules not audited."""
+    """Notes for the report: which parts were captured alone, and from which capture (on the inputs the whole
+    model's forward gave them, or as models of their own on inputs built for them: the ``method`` of such a
+    part ends with :data:`OWN_INPUTS`), and the norm modules not audited."""
     notes = []
+    own = [p for p in parts if p.method.endswith(OWN_INPUTS)]
+    given = [p for p in parts if not p.method.endswith(OWN_INPUTS)]
     if parts and whole:
-        names = ", ".join(p.module for p in parts[:6]) + (f" and {len(parts) - 6} more" if len(parts) > 6 else "")
         notes.append(f"{len(parts)} part(s) the model's forward never called captured alone on inputs of their own "
-                     f"({names})")
+                     f"({_names(parts)})")
     elif parts:
-        names = ", ".join(p.module for p in parts[:6]) + (f" and {len(parts) - 6} more" if len(parts) > 6 else "")
-        notes.append(f"the whole model could not be captured; {len(parts)} part(s) captured alone ({names}): "
+        notes.append(f"the whole model could not be captured; {len(parts)} part(s) captured alone ({_names(parts)}): "
                      "their sites have graph facts, placement is judged within each part")
+    if own and given and not whole:
+        notes.append(f"{len(given)} of them on the inputs the model's forward gave them ({_names(given)}), "
+                     f"{len(own)} as models of their own on inputs built for them ({_names(own)})")
+    elif own and not whole:
+        notes.append(f"the model's forward reached no part: the {len(own)} part(s) were captured as models of their "
+                     f"own on inputs built for them")
     if unaudited and (whole or parts):
         names = ", ".join(u.module for u in unaudited[:6]) + (f" and {len(unaudited) - 6} more"
                                                                  if len(unaudited) > 6 else "")
         notes.append(f"{len(unaudited)} norm module(s) not audited ({unaudited[0].reason}): {names}")
     return notes
+
+
+def _names(parts: list) -> str:
+    return ", ".join(p.module for p in parts[:6]) + (f" and {len(parts) - 6} more" if len(parts) > 6 else "")
