@@ -1,6 +1,6 @@
 """Speed of the command line (issue 14, items 1-5), in one run, as ratios measured on the same machine and load:
 
-    python benchmarks/bench_speed.py [--repeat 3] [--no-ray] [--no-depth] [--no-full]
+    python benchmarks/bench_speed.py [--repeat 3] [--no-ray] [--no-depth] [--no-full] [--cli-only]
 
 0. depth: ``normaudit DIR --no-cache`` on a Llama-2-70B-sized Hugging Face config directory (hidden 8192, FFN
    28672, GQA 64/8, 80 layers) vs the same config with 2 layers: wall, CPU and peak RSS of the whole command
@@ -124,20 +124,33 @@ def hf_config_dir(tmp: Path, name: str, layers: int) -> Path:
     return d
 
 
-def depth_rows(cli: list[str], tmp: Path, env: dict, full: bool) -> list[Row]:
-    """70B vs 2 layers through the command line (wall, CPU, RSS), then :mod:`bench_depth`'s in-process audits:
-    80 vs 2 layers, full vs depth-independent capture on 7B and 70B (``full``)."""
+def cli_depth_rows(cli: list[str], tmp: Path, env: dict, repeat: int = 1) -> list[Row]:
+    """70B vs 2 layers through the command line (wall, CPU, RSS) and ``python -c "import torch"``, each round
+    of ``repeat`` measuring the three one after the other (the same load) and printing the load average; the
+    rows hold the round with the median 70B wall time."""
     deep, shallow = hf_config_dir(tmp, "llama70b", 80), hf_config_dir(tmp, "llama70b_2layers", 2)
     measured(cli + [str(shallow), "--isolated", "--no-cache"], tmp, env)  # byte code into PYTHONPYCACHEPREFIX
-    a = measured(cli + [str(deep), "--isolated", "--no-cache"], tmp, env)
-    b = measured(cli + [str(shallow), "--isolated", "--no-cache"], tmp, env)
-    floor = measured([cli[0], "-c", "import torch"], tmp, env, expect=(0,))  # the same load, the same byte code
     print(f"{'normaudit DIR --no-cache':<42} {'wall (s)':>8} {'cpu (s)':>8} {'RSS (MB)':>8}")
-    for name, m in (("llama 70B-sized, 80 layers", a), ("the same, 2 layers", b), ("python -c 'import torch'", floor)):
-        print(f"{name:<42} {m['wall']:8.2f} {m['cpu']:8.2f} {m['rss_mb']:8.0f}")
-    rows: list[Row] = [("CLI 70B / 2 layers (--no-cache)", a["wall"], b["wall"], a["cpu"], b["cpu"]),
-                       ("CLI 70B / python -c 'import torch'", a["wall"], floor["wall"], a["cpu"], floor["cpu"]),
-                       ("CLI 70B / 2 layers peak RSS (MB)", a["rss_mb"], b["rss_mb"], None, None)]
+    rounds = []
+    for _ in range(max(1, repeat)):
+        a = measured(cli + [str(deep), "--isolated", "--no-cache"], tmp, env)
+        b = measured(cli + [str(shallow), "--isolated", "--no-cache"], tmp, env)
+        floor = measured([cli[0], "-c", "import torch"], tmp, env, expect=(0,))  # the same load, the same byte code
+        for name, m in (("llama 70B-sized, 80 layers", a), ("the same, 2 layers", b),
+                        ("python -c 'import torch'", floor)):
+            print(f"{name:<42} {m['wall']:8.2f} {m['cpu']:8.2f} {m['rss_mb']:8.0f}")
+        print(f"{'  70B / import torch (wall)':<42} {a['wall'] / floor['wall']:8.2f}   load {load()}", flush=True)
+        rounds.append((a, b, floor))
+    a, b, floor = sorted(rounds, key=lambda r: r[0]["wall"])[len(rounds) // 2]
+    return [("CLI 70B / 2 layers (--no-cache)", a["wall"], b["wall"], a["cpu"], b["cpu"]),
+            ("CLI 70B / python -c 'import torch'", a["wall"], floor["wall"], a["cpu"], floor["cpu"]),
+            ("CLI 70B / 2 layers peak RSS (MB)", a["rss_mb"], b["rss_mb"], None, None)]
+
+
+def depth_rows(cli: list[str], tmp: Path, env: dict, full: bool) -> list[Row]:
+    """70B vs 2 layers through the command line (:func:`cli_depth_rows`), then :mod:`bench_depth`'s in-process
+    audits: 80 vs 2 layers, full vs depth-independent capture on 7B and 70B (``full``)."""
+    rows = cli_depth_rows(cli, tmp, env)
     results = {}
     for size in ("70b", "7b"):
         for name, repeats in ((size, True), (f"{size}-2layers", True), (size, False)):
@@ -200,6 +213,8 @@ def main() -> int:
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray executor")
     ap.add_argument("--no-depth", action="store_true", help="skip the 70B/7B depth measurements (item 0)")
     ap.add_argument("--no-full", action="store_true", help="skip the (slow) full captures of the deep configs")
+    ap.add_argument("--cli-only", action="store_true", help="only the command line on the 70B config vs 2 layers "
+                    "and import torch, --repeat rounds (the median one in the table)")
     args = ap.parse_args()
     py = sys.executable
     cli = [py, "-m", "normaudit"]
@@ -208,10 +223,14 @@ def main() -> int:
         tmp = Path(tmp_name)
         env = {**os.environ, "PYTHONPATH": str(ROOT), "NORMAUDIT_CACHE_DIR": str(tmp / "cache"),
                "NORMAUDIT_NO_CACHE": "", "PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(tmp / "pyc")}
-        targets = make_project(tmp)
-        rows = [] if args.no_depth else depth_rows(cli, tmp, env, not args.no_full)
-        rows += startup_rows(py, cli, tmp, env, args.repeat)
-        rows += run_rows(py, cli, tmp, env, targets, not args.no_ray and importlib.util.find_spec("ray") is not None)
+        if args.cli_only:
+            rows = cli_depth_rows(cli, tmp, env, args.repeat)
+        else:
+            targets = make_project(tmp)
+            rows = [] if args.no_depth else depth_rows(cli, tmp, env, not args.no_full)
+            rows += startup_rows(py, cli, tmp, env, args.repeat)
+            rows += run_rows(py, cli, tmp, env, targets,
+                             not args.no_ray and importlib.util.find_spec("ray") is not None)
     print(f"load average after:  {load()}")
     print("(cpu: user + system of the processes each command waited for; Ray's own daemons are partly outside)")
     print(f"{'measure (s, or MB for RSS)':<42} {'a':>8} {'b':>8} {'a/b':>7} {'a cpu':>8} {'b cpu':>8} {'cpu a/b':>7}")
