@@ -218,3 +218,29 @@ def test_gemma3n_audio_cumulative_group_norm():
     recs = _records(Sub(), (torch.randn(2, 1, 5, 6),), "export")
     assert [(r.site.module, r.site.kind, r.site.eps, r.site.reduced_dims, r.site.extra["cumulative_dim"])
             for r in recs] == [("norm", "Other", 1e-3, [2, 3], 1)]
+
+
+
+def test_dia_decoder_on_its_own_start_tokens():
+    """transformers' Dia (tiny config): without ``decoder_input_ids`` the model starts its decoder on BOS tokens
+    it makes itself (``torch.full``); in the export graph the first decoder layer's norms depend on no input."""
+    transformers = pytest.importorskip("transformers")
+    from normaudit.target.inputs import infer_inputs
+
+    enc = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+               num_key_value_heads=2, head_dim=16, vocab_size=64, norm_eps=1e-5)
+    dec = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+               num_key_value_heads=1, head_dim=16, cross_hidden_size=32, cross_num_attention_heads=2,
+               cross_num_key_value_heads=2, cross_head_dim=16, num_channels=3, vocab_size=67, norm_eps=1e-6,
+               bos_token_id=65, eos_token_id=64, pad_token_id=66)
+    cfg = transformers.DiaConfig(encoder_config=enc, decoder_config=dec, delay_pattern=[0, 1, 2])
+    with torch.device("meta"):
+        model = transformers.DiaModel(cfg)
+    inputs, _ = infer_inputs(model)
+    assert set(inputs) == {"input_ids"}  # no decoder_input_ids: the model makes its own
+    cap = capture_model(model, inputs, on_meta=True, methods=("export",))
+    assert cap.method == "export", cap.attempts
+    recs = collect_facts(FactContext(cap=cap)).records
+    assert [(r.site.module, r.site.kind, r.site.eps) for r in recs if r.site.module.startswith("decoder.")] == [
+        ("decoder.layers.0.pre_sa_norm", "RMSNorm", 1e-6), ("decoder.layers.0.pre_ca_norm", "RMSNorm", 1e-6),
+        ("decoder.layers.0.pre_mlp_norm", "RMSNorm", 1e-6), ("decoder.norm", "RMSNorm", 1e-6)]
