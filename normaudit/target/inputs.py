@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import math
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -119,12 +120,24 @@ def _image(config: Any) -> torch.Tensor:
     """``(B, C, H, W)``, or ``(B, T, C, H, W)`` for a video model (``num_frames`` in the config)."""
     channels = int(cfg_value(config, ("num_channels", "in_channels", "input_channels"), _VISION, 3))
     h, w = _pair(_image_size(config))
-    side = _query_side(config)
+    side = max(_query_side(config), _pyramid_side(config))
     h, w = max(h, side), max(w, side)
     frames = cfg_value(config, ("num_frames",), _VISION)
     if isinstance(frames, int) and frames > 0:
         return torch.randn(BATCH, frames, channels, h, w)
     return torch.randn(BATCH, channels, h, w)
+
+
+def _pyramid_side(config: Any) -> int:
+    """Smallest image side for a model that rescales the image by each of ``scaled_images_ratios`` and cuts
+    every scaled copy into ``patch_size`` square patches (DepthPro: ratios 0.25, 0.5, 1 and 384-pixel
+    patches need 1536, as its forward raises below ``min(ratios) * side < patch_size``): ``ceil(patch_size
+    / min(ratios))``. 0 when the config has no such pyramid."""
+    ratios, patch = getattr(config, "scaled_images_ratios", None), getattr(config, "patch_size", None)
+    if not (isinstance(ratios, (list, tuple)) and ratios and _is_int(patch)
+            and all(isinstance(r, (int, float)) and r > 0 for r in ratios)):
+        return 0
+    return math.ceil(int(patch) / min(min(ratios), 1))
 
 
 #: strides of the backbone maps a two-stage DETR reads when its config names none (ResNet C3-C5, Swin
@@ -257,9 +270,9 @@ def _values(config: Any) -> Iterator[torch.Tensor]:
 _HOP_KEYS = ("downsampling_ratios", "upsampling_ratios", "patch_sizes")
 
 
-def _samples(config: Any) -> int:
-    """Waveform length: :data:`SAMPLES`, rounded up to a whole number of the codec's frames (the product of
-    :data:`_HOP_KEYS`, or ``hop_length``) when the config gives one (some codecs require it)."""
+def _hop(config: Any) -> int:
+    """Samples per frame of a codec: the product of :data:`_HOP_KEYS`, or ``hop_length``; 1 when the config
+    gives neither (or a hop outside 2-48000)."""
     hop = 1
     ratios = cfg_value(config, _HOP_KEYS, _AUDIO + ("acoustic_model_config",))
     if isinstance(ratios, (list, tuple)) and ratios and all(_is_int(r) for r in ratios):
@@ -268,9 +281,31 @@ def _samples(config: Any) -> int:
     else:
         length = cfg_value(config, ("hop_length",), _AUDIO + ("acoustic_model_config",))
         hop = int(length) if _is_int(length) else 1
-    if hop <= 1 or hop > 48000:
-        return SAMPLES
+    return hop if 1 < hop <= 48000 else 1
+
+
+def _samples(config: Any) -> int:
+    """Waveform length: :data:`SAMPLES`, rounded up to a whole number of the codec's frames (:func:`_hop`)
+    when the config gives one (some codecs require it)."""
+    hop = _hop(config)
     return -(-SAMPLES // hop) * hop
+
+
+def _with_aligned_frames(config: Any, choices: dict[str, list[torch.Tensor]]) -> None:
+    """For a codec that encodes a waveform and its spectrogram together (XCodec2, NeuCodec: an acoustic
+    encoder on ``input_values`` and a semantic one on ``input_features``, concatenated frame by frame), put
+    first, in place, ``input_features`` candidates ``(B, samples / hop, F)`` of one frame per hop of the
+    waveform, for each width ``F`` of the ``(B, T, F)`` candidates, and the mono ``(B, 1, samples)``
+    waveform first (as XCodec2's model test builds them: its mel hop equals the acoustic hop)."""
+    hop = _hop(config)
+    values, features = choices.get("input_values"), choices.get("input_features")
+    if hop == 1 or not values or not features:
+        return
+    samples = _samples(config)
+    widths = dict.fromkeys(int(t.shape[-1]) for t in features if t.dim() == 3)
+    aligned = [torch.randn(BATCH, samples // hop, w) for w in widths]
+    features[:0] = aligned
+    values.sort(key=lambda t: tuple(t.shape) != (BATCH, 1, samples))  # stable: the mono waveform first
 
 
 def _patches(config: Any) -> Iterator[torch.Tensor]:
@@ -443,6 +478,32 @@ SERIES_BUILDERS: dict[str, Callable[[Any], Iterator[torch.Tensor]]] = {
 }
 
 
+def _trajectory(config: Any, key: Optional[str]) -> Iterator[torch.Tensor]:
+    """One step-aligned stream of an offline-RL trajectory ``(B, SEQ, width)``: ``config.<key>`` wide
+    (``state_dim`` states, ``act_dim`` actions), one wide for ``key`` None (rewards, returns-to-go); nothing
+    when the config has no ``state_dim`` (no trajectory model)."""
+    width = 1 if key is None else cfg_value(config, (key,))
+    if _is_int(cfg_value(config, ("state_dim",))) and _is_int(width):
+        yield torch.randn(BATCH, SEQ, int(width))
+
+
+def _timesteps(config: Any) -> Iterator[torch.Tensor]:
+    """Each trajectory step's time index ``(B, SEQ)`` int64, below ``max_ep_len`` (the timestep embedding's
+    rows); nothing without a ``state_dim`` and ``max_ep_len``."""
+    length = cfg_value(config, ("max_ep_len",))
+    if _is_int(cfg_value(config, ("state_dim",))) and _is_int(length):
+        yield torch.arange(SEQ).remainder(int(length)).expand(BATCH, SEQ).contiguous()
+
+
+#: a Decision-Transformer-style trajectory, as its model test builds it: states ``(B, T, state_dim)``, actions
+#: ``(B, T, act_dim)``, rewards and returns-to-go ``(B, T, 1)``, timesteps ``(B, T)`` int64
+TRAJECTORY_BUILDERS: dict[str, Callable[[Any], Iterator[torch.Tensor]]] = {
+    "states": lambda c: _trajectory(c, "state_dim"), "actions": lambda c: _trajectory(c, "act_dim"),
+    "rewards": lambda c: _trajectory(c, None), "returns_to_go": lambda c: _trajectory(c, None),
+    "timesteps": _timesteps,
+}
+
+
 def _one(fn: Callable[[Any], torch.Tensor]) -> Callable[[Any], Iterator[torch.Tensor]]:
     return lambda config: iter([fn(config)])
 
@@ -451,13 +512,13 @@ def _one(fn: Callable[[Any], torch.Tensor]) -> Callable[[Any], Iterator[torch.Te
 BUILDERS: dict[str, Callable[[Any], Iterator[torch.Tensor]]] = {
     "input_ids": _token_ids, "decoder_input_ids": _one(_text_ids), "pixel_values": _images,
     "pixel_values_videos": _videos, "lang_ids": _lang_ids, "input_features": _features, "input_values": _values,
-    "audio_mel": _mel_frames, "bbox": _bboxes, **SERIES_BUILDERS,
+    "audio_mel": _mel_frames, "bbox": _bboxes, **SERIES_BUILDERS, **TRAJECTORY_BUILDERS,
 }
 #: optional forward inputs built whenever ``forward`` takes them, as they switch on a part of the model the
 #: main input alone leaves un-run (a forecaster's decoder runs on ``future_values``); left out when their
 #: builder gives nothing for this config (no static features)
 EXTRAS = ("future_values", "future_time_features", "static_categorical_features", "static_real_features",
-          "lang_ids", "bbox")
+          "lang_ids", "bbox", *TRAJECTORY_BUILDERS)
 #: inputs given besides ``main_input_name`` when ``forward`` takes them: the other towers of a multimodal model
 COMPANIONS = ("input_ids", "pixel_values", "input_features", "pixel_values_videos", "input_values")
 #: when ``forward`` takes the key, the inputs are built by the value's builders instead (patch-list VLMs)
@@ -520,6 +581,76 @@ def _with_renamed_main(model: nn.Module, params: dict[str, inspect.Parameter],
     builders[required[0]] = builders[main]
 
 
+#: main inputs that are float features of some width (a waveform, a spectrogram), given the widths the model
+#: declares (:func:`_width_candidates`) after their own candidates
+_FEATURE_INPUTS = ("input_values", "input_features")
+
+
+def _first_layer_width(model: nn.Module) -> Optional[torch.Tensor]:
+    """The input the model's first ``Linear``/``Conv1d`` (in ``named_modules()`` order) takes: ``(B, FRAMES,
+    in_features)`` for a ``Linear`` (Granite Speech 5 projects 4 stacked delta-expanded mel frames, a width
+    no config key holds), ``(B, in_channels, SEQ)`` for a ``Conv1d`` (a codec decoder's latents ``(B, latent
+    channels, frames)``). None when no such layer comes before an ``Embedding``."""
+    for _, module in model.named_modules():
+        if isinstance(module, nn.Embedding):
+            return None
+        if isinstance(module, nn.Linear):
+            return torch.randn(BATCH, FRAMES, module.in_features)
+        if isinstance(module, nn.Conv1d):
+            return torch.randn(BATCH, module.in_channels, SEQ)
+    return None
+
+
+def _width_candidates(model: nn.Module, config: Any) -> Iterator[torch.Tensor]:
+    """Main-input candidates for a model whose input is already features of a width it declares, not raw
+    data: the first layer's input (:func:`_first_layer_width`), then hidden states ``(B, SEQ, width)`` of the
+    config's ``hidden_size``/``d_model`` (SpeechT5 without pre-nets takes ``input_values`` so, Perceiver
+    without a preprocessor its ``inputs``, as their model tests build them)."""
+    first = _first_layer_width(model)
+    if first is not None:
+        yield first
+    width = cfg_value(config, ("d_model", "hidden_size"))
+    if _is_int(width) and 0 < int(width) <= 65536:
+        yield torch.randn(BATCH, SEQ, int(width))
+
+
+def _feature_main(model: nn.Module, params: dict[str, inspect.Parameter],
+                  builders: dict[str, Callable[[Any], Iterator[torch.Tensor]]]) -> Optional[str]:
+    """The forward parameter that takes the main input when that is float features: ``main_input_name``
+    (one of :data:`_FEATURE_INPUTS`, or a name no builder knows: Perceiver's ``inputs``), or the required
+    parameter given its builder by :func:`_with_renamed_main`. None otherwise (token ids, images)."""
+    main = _main_input_name(model)
+    if main is None or (main in builders and main not in _FEATURE_INPUTS):
+        return None
+    if main in _named(params):
+        return main
+    return next((n for n in _required(params) if main in builders and builders.get(n) is builders[main]), None)
+
+
+def _with_width_inputs(model: nn.Module, params: dict[str, inspect.Parameter],
+                       builders: dict[str, Callable[[Any], Iterator[torch.Tensor]]]) -> None:
+    """Give the float-features main input (:func:`_feature_main`) the widths the model declares
+    (:func:`_width_candidates`) after its own candidates, in place; an encoder-decoder's
+    ``decoder_<main>`` (SpeechT5's ``decoder_input_values``, which its decoder cannot run without) gets the
+    same builder, so both take the same candidate (:func:`_combinations` ties inputs of one builder)."""
+    target = _feature_main(model, params, builders)
+    if target is None:
+        return
+    own = builders.get(target)
+
+    def chained(config: Any) -> Iterator[torch.Tensor]:
+        seen: list[tuple[int, ...]] = []
+        for t in [*(own(config) if own else ()), *_width_candidates(model, config)]:
+            if tuple(t.shape) not in seen:
+                seen.append(tuple(t.shape))
+                yield t
+
+    builders[target] = chained
+    twin = "decoder_" + target
+    if twin in _named(params) and getattr(model.config, "is_encoder_decoder", False):
+        builders[twin] = chained
+
+
 def _forward_params(model: Any) -> dict[str, inspect.Parameter]:
     """Parameters of ``model.forward`` (or of a callable), empty when there is no signature."""
     try:
@@ -556,8 +687,9 @@ def _wanted(model: nn.Module, config: Any, params: dict[str, inspect.Parameter],
     for extra in COMPANIONS:
         if extra in params and extra not in names and _has_modality(config, extra):
             names.append(extra)
-    if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False):
-        names.append("decoder_input_ids")
+    if getattr(config, "is_encoder_decoder", False):
+        names += [n for n in ("decoder_input_ids", f"decoder_{main}") if n in params and n in builders
+                  and n not in names]
     names += [n for n in required if n in builders and n not in names and names]
     names += [n for n in EXTRAS if n in params and n in builders and n not in names and names]
     return names
@@ -604,6 +736,7 @@ def infer_hf_inputs(model: nn.Module) -> Optional[tuple[Any, str]]:
             builders.update(variant)
     _with_suffix_builders(params, builders)
     _with_renamed_main(model, params, builders)
+    _with_width_inputs(model, params, builders)
     names = _wanted(model, config, params, builders)
     if not names:
         return None
@@ -613,6 +746,7 @@ def infer_hf_inputs(model: nn.Module) -> Optional[tuple[Any, str]]:
     sized = _with_declared_image_size(model, config)
     choices = {n: list(builders[n](sized)) for n in names}
     choices = {n: c for n, c in choices.items() if c or n not in EXTRAS}
+    _with_aligned_frames(sized, choices)
     if any(not c for c in choices.values()):
         return None
     first = _with_masks(params, {n: c[0] for n, c in choices.items()})[0]
