@@ -136,3 +136,22 @@ def test_codec_spectrogram_has_one_frame_per_hop_of_its_waveform():
     params, unmasked = _forward_params(model), {k: v for k, v in kwargs.items() if k != "input_features_mask"}
     assert _runs_on_meta(model, params, unmasked)
     assert not _runs_on_meta(model, params, {**unmasked, "input_features": torch.randn(2, 64, 160)})
+
+
+DEPTH_PRO_TOWER = dict(model_type="dinov2", hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                       intermediate_size=64, image_size=32, patch_size=8)
+
+
+def test_image_side_holds_a_patch_at_the_smallest_scale():
+    # DepthPro rescales the image by 0.25, 0.5 and 1 and cuts each copy into 32-pixel patches: the side is
+    # 32 / 0.25 = 128 (its forward raises below that; the former 64 x 64 image is refused on meta)
+    model = _meta("DepthProConfig", patch_size=32, scaled_images_ratios=[0.25, 0.5, 1.0],
+                  scaled_images_overlap_ratios=[0.0, 0.5, 0.25], scaled_images_feature_dims=[32, 32, 32],
+                  intermediate_hook_ids=[1, 0], intermediate_feature_dims=[16, 16], fusion_hidden_size=16,
+                  image_model_config=DEPTH_PRO_TOWER, patch_model_config=DEPTH_PRO_TOWER,
+                  fov_model_config=DEPTH_PRO_TOWER, use_fov_model=False)
+    kwargs, said = infer_hf_inputs(model)
+    assert said == "pixel_values float (2, 3, 128, 128)"
+    params = _forward_params(model)
+    assert _runs_on_meta(model, params, kwargs)
+    assert not _runs_on_meta(model, params, {"pixel_values": torch.randn(2, 3, 64, 64)})
