@@ -1186,27 +1186,25 @@ def _folded_frozen_batchnorm_sites(owned: dict, records: list, modules: dict, ac
             break
 
 
-def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = None) -> list[SiteRecord]:
-    """Find every normalisation computation in ``cap.gm`` (see the module docstring)."""
-    origins = origins or {}
-    gm = cap.gm
-    assert gm is not None
-    records: list[SiteRecord] = []
-    claimed: set[fx.Node] = set()
-    modules = cap.modules
-    owned: dict[str, list[fx.Node]] = defaultdict(list)
-    for node in gm.graph.nodes:
-        if node.op in ("call_function", "call_method", "call_module"):
-            owned[owner(node, modules)].append(node)
+class _Discovery:
+    """One :func:`discover_sites` pass over ``cap.gm``: the site records found so far (``records``) and the
+    graph nodes they claim (``claimed``, shared with the hand-written pass so that no node is two sites)."""
 
-    def new(path: str, kind: str, by: str, node: fx.Node, opname: Optional[str]) -> SiteRecord:
-        mod = modules.get(path)
+    def __init__(self, cap: Capture, origins: dict[int, SourceLocation]):
+        self.gm, self.modules, self.origins = cap.gm, cap.modules, origins
+        self.records: list[SiteRecord] = []
+        self.claimed: set[fx.Node] = set()
+
+    def new(self, path: str, kind: str, by: str, node: fx.Node, opname: Optional[str]) -> SiteRecord:
+        """A record for the norm computed in module ``path`` (``by``: module, functional or pattern) with its
+        source locations; not yet in :attr:`records`."""
+        mod = self.modules.get(path)
         site = Site(module=path, kind=kind, class_name=type(mod).__name__ if mod is not None else "?",
                     detected_by=by, op=opname)
         rec = SiteRecord(site=site, module_obj=mod)
         # The call: for a hand-written norm module, where its forward is called, not a line inside it.
         site.call = _location(node, skip_inner=1 if by == "pattern" and _norm_like(mod) else 0)
-        site.definition = origins.get(id(mod)) if mod is not None else None
+        site.definition = self.origins.get(id(mod)) if mod is not None else None
         # Where a fix goes: the constructor line of a norm module, the call line of a functional norm.
         site.source = (site.call or site.definition) if by == "functional" else (site.definition or site.call)
         # What computes it: the call of a functional norm; for a hand-written one the statistic's line
@@ -1215,69 +1213,75 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
         site.class_module = type(mod).__module__ if mod is not None else None
         return rec
 
-    # 1 + 2: built-in modules and functional calls
-    act = activation_nodes(gm, list(cap.user_inputs))
-    # what a statistic must be taken on to be a norm: data, the inputs' or data the forward made itself
-    data = activation_nodes(gm, list(cap.user_inputs), created=True)
-    seen_builtin: set[str] = set()
-    for node in gm.graph.nodes:
-        name = op_name(node)
-        if name == "module":
-            mod = modules.get(str(node.target))
-            kind = builtin_kind(mod)
-            if kind is None:
-                continue
-            rec = new(str(node.target), kind, "module", node, type(mod).__name__)
-            rec.input, rec.output = node.args[0] if node.args else None, node
-            _module_facts(rec.site, mod, shape(rec.input))
-        elif name in OP_KINDS and node.op == "call_function":
-            path = owner(node, modules)
-            mod = modules.get(path)
-            kind = OP_KINDS[name]
-            if not _is_act(node.args[0] if node.args else None, data):
-                continue  # F.batch_norm over a conv's weight: weight standardisation, no activation normalised
-            if builtin_kind(mod) is not None:
-                rec = new(path, builtin_kind(mod), "module", node, name)
-                _module_facts(rec.site, mod, shape(node.args[0]))
+    def _keep(self, rec: SiteRecord, nodes: set[fx.Node]) -> None:
+        rec.nodes |= nodes
+        self.claimed |= nodes
+        self.records.append(rec)
+
+    def builtin_and_functional(self, data: set) -> set[str]:
+        """Steps 1 and 2: ``torch.nn`` norm modules called as modules, and functional norm ops (``F.layer_norm``,
+        ``aten.native_layer_norm``...) whose input is ``data`` (not a conv's weight: weight standardisation).
+        Returns the module paths found."""
+        seen: set[str] = set()
+        for node in self.gm.graph.nodes:
+            name = op_name(node)
+            if name == "module":
+                mod = self.modules.get(str(node.target))
+                kind = builtin_kind(mod)
+                if kind is None:
+                    continue
+                rec = self.new(str(node.target), kind, "module", node, type(mod).__name__)
+                rec.input, rec.output = node.args[0] if node.args else None, node
+                _module_facts(rec.site, mod, shape(rec.input))
+            elif name in OP_KINDS and node.op == "call_function":
+                if not _is_act(node.args[0] if node.args else None, data):
+                    continue  # F.batch_norm over a conv's weight: weight standardisation, no activation normalised
+                rec = self._functional(node, name)
             else:
-                rec = new(path, kind, "functional", node, name)
-                _functional_facts(rec.site, node, name)
-            rec.input, rec.output = node.args[0], node
+                continue
+            self._keep(rec, {node})
+            seen.add(rec.site.module)
+        return seen
+
+    def _functional(self, node: fx.Node, name: str) -> SiteRecord:
+        path = owner(node, self.modules)
+        mod = self.modules.get(path)
+        if builtin_kind(mod) is not None:
+            rec = self.new(path, builtin_kind(mod), "module", node, name)
+            _module_facts(rec.site, mod, shape(node.args[0]))
         else:
-            continue
-        rec.nodes.add(node)
-        claimed.add(node)
-        seen_builtin.add(rec.site.module)
-        records.append(rec)
+            rec = self.new(path, OP_KINDS[name], "functional", node, name)
+            _functional_facts(rec.site, node, name)
+        rec.input, rec.output = node.args[0], node
+        return rec
 
-    # built-in modules captured as decomposed ops (export of LocalResponseNorm)
-    for path, nodes in owned.items():
-        mod = modules.get(path)
-        kind = builtin_kind(mod)
-        if kind is None or path in seen_builtin or not nodes:
-            continue
-        node_set = set(nodes)
-        first = next((a for n in nodes for a in n.args if isinstance(a, fx.Node) and a not in node_set), None)
-        rec = new(path, kind, "module", nodes[0], type(mod).__name__)
-        rec.input, rec.output = first, nodes[-1]
-        rec.nodes |= node_set
-        claimed |= node_set
-        _module_facts(rec.site, mod, shape(first))
-        records.append(rec)
+    def decomposed_builtins(self, owned: dict[str, list[fx.Node]], seen: set[str]) -> None:
+        """Built-in norm modules ``seen`` lacks, captured as decomposed ops (export of LocalResponseNorm): one
+        site per module over the nodes it owns."""
+        for path, nodes in owned.items():
+            mod = self.modules.get(path)
+            kind = builtin_kind(mod)
+            if kind is None or path in seen or not nodes:
+                continue
+            node_set = set(nodes)
+            first = next((a for n in nodes for a in n.args if isinstance(a, fx.Node) and a not in node_set), None)
+            rec = self.new(path, kind, "module", nodes[0], type(mod).__name__)
+            rec.input, rec.output = first, nodes[-1]
+            _module_facts(rec.site, mod, shape(first))
+            self._keep(rec, node_set)
 
-    def add_pattern(path: str, node: fx.Node, stat: fx.Node, applied: fx.Node, src: fx.Node, dims,
+    def add_pattern(self, path: str, node: fx.Node, stat: fx.Node, applied: fx.Node, src: fx.Node, dims,
                     centered: bool, variance: str, eps: Optional[float], how: str,
                     kind: Optional[str] = None) -> SiteRecord:
-        nonlocal claimed
-        rec = new(path, kind or ("LayerNorm" if centered else "RMSNorm"), "pattern", node, None)
+        """Record a hand-written norm: statistic ``stat`` of ``src`` over ``dims`` applied at ``applied``, with
+        its affine chain after (step 3); returns the record (already kept) for the caller's hints."""
+        rec = self.new(path, kind or ("LayerNorm" if centered else "RMSNorm"), "pattern", node, None)
         rec.input = strip_neutral(src)
         rec.stat = stat
         rec.site.computation = _location(stat) or rec.site.computation
         rec.site.extra["inline"] = not _norm_like(rec.module_obj)
-        out, chain = _extend_affine(applied, path, modules)
+        out, chain = _extend_affine(applied, path, self.modules)
         rec.output = out
-        rec.nodes |= {node, stat, applied, *chain}
-        claimed |= rec.nodes
         in_sizes = sizes(rec.input)  # a data-dependent row count (h[mask]) leaves the feature sizes known
         rec.site.reduced_dims = list(dims)
         if in_sizes is not None:
@@ -1293,13 +1297,30 @@ def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = 
                   if p.dim() == 1]
         rec.site.affine_weight = any(op_name(c) == "mul" for c in chain) or None
         rec.site.affine_bias = any(op_name(c) == "add" for c in chain) or (False if params else None)
-        records.append(rec)
+        self._keep(rec, {node, stat, applied, *chain})
         return rec
 
-    # 3: hand-written norms; 4: frozen BatchNorms folded by symbolic tracing
-    _hand_written_sites(gm, modules, claimed, act, add_pattern, data)
-    _folded_frozen_batchnorm_sites(owned, records, modules, act, add_pattern)
 
+def discover_sites(cap: Capture, origins: Optional[dict[int, SourceLocation]] = None) -> list[SiteRecord]:
+    """Find every normalisation computation in ``cap.gm`` (see the module docstring): built-in modules and
+    functional calls, built-in modules as decomposed ops, hand-written norms, frozen BatchNorms folded by
+    symbolic tracing. Returns the records in graph order."""
+    gm = cap.gm
+    assert gm is not None
+    found = _Discovery(cap, origins or {})
+    owned: dict[str, list[fx.Node]] = defaultdict(list)
+    for node in gm.graph.nodes:
+        if node.op in ("call_function", "call_method", "call_module"):
+            owned[owner(node, cap.modules)].append(node)
+    act = activation_nodes(gm, list(cap.user_inputs))
+    # what a statistic must be taken on to be a norm: data, the inputs' or data the forward made itself
+    data = activation_nodes(gm, list(cap.user_inputs), created=True)
+    seen = found.builtin_and_functional(data)  # 1 + 2
+    found.decomposed_builtins(owned, seen)
+    # 3: hand-written norms; 4: frozen BatchNorms folded by symbolic tracing
+    _hand_written_sites(gm, cap.modules, found.claimed, act, found.add_pattern, data)
+    _folded_frozen_batchnorm_sites(owned, found.records, cap.modules, act, found.add_pattern)
+    records = found.records
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     records.sort(key=lambda r: min((order[n] for n in r.nodes), default=len(order)))
     _finish(records)
