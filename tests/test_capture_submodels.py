@@ -107,6 +107,64 @@ def test_recorded_parts_and_models_of_their_own_are_told_apart(rules):
             "built for them (lm)") in report.notes
 
 
+class EmbedsThenSession(nn.Module):
+    """Runs the embeddings of its text model only, then stops for want of an inference session."""
+
+    def __init__(self):
+        super().__init__()
+        self.text = _bert()
+        self.lm = _llama()
+
+    def forward(self, input_ids):
+        h = self.text.embeddings(input_ids)
+        raise RuntimeError(f"an inference session is needed after the embeddings ({tuple(h.shape)})")
+
+
+def test_model_of_its_own_replaces_the_parts_recorded_inside_it(rules):
+    # the forward recorded text.embeddings alone; the text model, holding norms no part covers, is captured
+    # whole on inputs built for it, and its graph (which reaches text.embeddings.LayerNorm) replaces that part
+    report = _audit_assumed(_build(EmbedsThenSession), (torch.randint(0, 50, (2, 8)),), rules)
+    assert _parts(report) == [("text", "BertModel", OWN), ("lm", "LlamaModel", OWN)]
+    assert sorted(s.module for s in report.sites) == sorted(BERT_NORMS + LLAMA_NORMS)  # each norm once
+    assert site(report, "text.embeddings.LayerNorm").extra["captured_part"] == "text"
+    assert report.capture.unaudited == []
+
+
+class SideModel(nn.Module):
+    """A model of its own with a branch its own forward never calls (``side``)."""
+
+    main_input_name = "input_ids"
+
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.config = transformers.PretrainedConfig(vocab_size=50, hidden_size=d)
+        self.emb = nn.Embedding(50, d)
+        self.norm = nn.LayerNorm(d, eps=1e-6)
+        self.side = nn.Sequential(nn.Linear(d, d), nn.LayerNorm(d, eps=1e-4))
+
+    def forward(self, input_ids):
+        return self.norm(self.emb(input_ids))
+
+
+class CallsTheSide(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.text = SideModel()
+
+    def forward(self, input_ids):
+        h = self.text.side(self.text.emb(input_ids))
+        raise RuntimeError(f"an inference session is needed ({tuple(h.shape)})")
+
+
+def test_model_of_its_own_missing_a_recorded_norm_replaces_nothing(rules):
+    # text's own graph never reaches text.side.1, which the recorded part text.side reached: the part stays,
+    # text is not captured over it (no norm sited twice, none lost), and text.norm stays unaudited
+    report = _audit_assumed(CallsTheSide(), (torch.randint(0, 50, (2, 8)),), rules, on_meta=False)
+    assert [(p.module, p.method) for p in report.capture.parts] == [("text.side", "symbolic_trace")]
+    assert [(s.module, s.eps) for s in report.sites if s.detected_by != "module_walk"] == [("text.side.1", 1e-4)]
+    assert [u.module for u in report.capture.unaudited] == ["text.norm"]
+
+
 class _Block(nn.Module):
     def __init__(self, d: int):
         super().__init__()

@@ -486,7 +486,7 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
             with _quiet():
                 cap.parts = capture_unreached(cap, mode, dtype)
         return cap
-    from normaudit.capture.parts import MAX_SECONDS, capture_submodels, parts_reached
+    from normaudit.capture.parts import MAX_SECONDS, capture_submodels, replaced_by
 
     until = time.perf_counter() + MAX_SECONDS  # the parts and the submodels share one budget
     parts, parts_error = (_capture_parts(model, fake_args, mode, modules, inputs, buffers, dtype, until)
@@ -496,7 +496,7 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
                   train_error=train_error, parts=parts, parts_error=parts_error, buffer_values=buffers)
     if parts_fallback:  # the models of their own that hold norms no part covers (a forward that fails at once)
         with _quiet():
-            cap.parts = parts + capture_submodels(cap, mode, dtype, parts_reached(parts), parts, until)
+            cap.parts = replaced_by(parts, capture_submodels(cap, mode, dtype, set(), parts, until))
     return cap
 
 

@@ -353,14 +353,6 @@ def capture_unreached(cap: Any, mode: FakeTensorMode, dtype: torch.dtype) -> lis
     return capture_submodels(cap, mode, dtype, reached_modules(cap), [])
 
 
-def parts_reached(parts: list[PartCapture]) -> set[str]:
-    """Whole-model paths of every captured part and of every module a node of its graph was computed in."""
-    out = {p.path for p in parts}
-    for p in parts:
-        out.update(_join(p.path, m) for m in reached_modules(p.capture))
-    return out
-
-
 def capture_submodels(cap: Any, mode: FakeTensorMode, dtype: torch.dtype, reached: set[str],
                       taken: list[PartCapture], until: Optional[float] = None) -> list[PartCapture]:
     """The Hugging Face models of their own (a ``config`` and a ``main_input_name``: a vision encoder, a
@@ -368,42 +360,66 @@ def capture_submodels(cap: Any, mode: FakeTensorMode, dtype: torch.dtype, reache
     on inputs built for it (:func:`own_inputs`), outermost first.
 
     A submodule is tried when no module of ``reached`` (whole-model paths) lies in it, it lies in no part of
-    ``taken`` (parts already captured) nor of those found here, and it holds a norm module (``walk_modules``)
-    in none of them. When the submodule alone cannot be captured, its blocks are (:func:`capture_parts`, on
-    the inputs its own forward gives them); the Hugging Face models inside it that those leave uncovered are
-    tried after it, in ``named_modules()`` order. Stops at ``until`` (``time.perf_counter()``; default
-    :data:`MAX_SECONDS` from now). Returns the new parts, with ``own_inputs`` set. Never raises.
+    ``taken`` (parts already captured) nor of those found here, no part found here lies in it, and it holds a
+    norm module (``walk_modules``) in none of them. Parts of ``taken`` may lie in it: its graph then replaces
+    them (the caller drops them, :func:`replaced_by`) when it reaches every norm module their graphs reached;
+    else it is left to its children. When the submodule alone cannot be captured and holds no part of
+    ``taken``, its blocks are (:func:`capture_parts`, on the inputs its own forward gives them); the Hugging
+    Face models inside it that those leave uncovered are tried after it, in ``named_modules()`` order. Stops
+    at ``until`` (``time.perf_counter()``; default :data:`MAX_SECONDS` from now). Returns the new parts, with
+    ``own_inputs`` set. Never raises.
     """
-    from normaudit.capture import constant_inputs, fake_inputs
     from normaudit.facts.sites import walk_modules
-    from normaudit.target.inputs import forward_kwargs, _forward_params
 
     held = [p.path for p in taken]
-    norms = [r.site.module for r in walk_modules(cap.modules) if r.site.module
-             and not any(_under(r.site.module, p) for p in held) and not any(_under(m, r.site.module) for m in reached)]
+    every = [r.site.module for r in walk_modules(cap.modules) if r.site.module]
+    norms = [n for n in every if not any(_under(n, p) for p in held) and not any(_under(m, n) for m in reached)]
     found: list[PartCapture] = []
     until = time.perf_counter() + MAX_SECONDS if until is None else until
     for path, mod in cap.modules.items():
-        inside = held + [p.path for p in found]
-        if (not path or time.perf_counter() > until or any(_under(path, p) for p in inside)
+        if (not path or time.perf_counter() > until or any(_under(path, p) for p in held + [f.path for f in found])
                 or getattr(mod, "main_input_name", None) is None or getattr(mod, "config", None) is None
-                or any(_under(m, path) for m in reached) or any(_under(p, path) for p in inside)
+                or any(_under(m, path) for m in reached) or any(_under(f.path, path) for f in found)
                 or not any(_under(n, path) for n in norms)):
             continue
-        built = own_inputs(mod)
-        if built is None:
-            continue
-        kwargs = {**fake_inputs(built, mode, dtype), **forward_kwargs(_forward_params(mod))}
-        buffers = buffers_under(getattr(cap, "buffer_values", {}), path)
-        sub = capture_one(mod, (), kwargs, mode, constant_inputs(kwargs, built), buffers)
-        if sub.gm is not None:
-            found.append(PartCapture(path=path, capture=sub, inputs=_describe((), kwargs), own_inputs=True))
-            continue
-        inner = [n[len(path) + 1:] for n in norms if n.startswith(path + ".")]
-        for part in capture_parts(mod, kwargs, mode, inner, real_inputs=built, buffers=buffers, until=until)[0]:
-            found.append(PartCapture(path=_join(path, part.path), capture=part.capture, inputs=part.inputs,
-                                     own_inputs=True))
+        within = [p for p in taken if _under(p.path, path)]
+        found += _capture_submodel(cap, path, mod, mode, dtype, [n for n in norms if _under(n, path)],
+                                   (within, every), until)
     return found
+
+
+def _capture_submodel(cap: Any, path: str, mod: nn.Module, mode: FakeTensorMode, dtype: torch.dtype,
+                      norms: list[str], within: tuple[list[PartCapture], list[str]], until: float) -> list[PartCapture]:
+    """The submodule at ``path`` captured alone on inputs built for it, or its blocks holding the uncovered
+    ``norms`` (:func:`capture_submodels`); ``within``: the parts already captured inside it and every norm
+    module path of the model. Returns [] when neither captures, or when its graph misses a norm module the
+    parts inside it reached."""
+    from normaudit.capture import constant_inputs, fake_inputs
+    from normaudit.target.inputs import forward_kwargs, _forward_params
+
+    parts, every = within
+    built = own_inputs(mod)
+    if built is None:
+        return []
+    kwargs = {**fake_inputs(built, mode, dtype), **forward_kwargs(_forward_params(mod))}
+    buffers = buffers_under(getattr(cap, "buffer_values", {}), path)
+    sub = capture_one(mod, (), kwargs, mode, constant_inputs(kwargs, built), buffers)
+    if sub.gm is not None:
+        mine = {_join(path, m) for m in reached_modules(sub)}
+        theirs = {_join(p.path, m) for p in parts for m in reached_modules(p.capture)}
+        if any(n in theirs and n not in mine for n in every):
+            return []
+        return [PartCapture(path=path, capture=sub, inputs=_describe((), kwargs), own_inputs=True)]
+    if parts:  # its blocks might hold or lie in those parts: its own models of their own are tried instead
+        return []
+    inner = [n[len(path) + 1:] for n in norms if n.startswith(path + ".")]
+    return [PartCapture(path=_join(path, part.path), capture=part.capture, inputs=part.inputs, own_inputs=True)
+            for part in capture_parts(mod, kwargs, mode, inner, real_inputs=built, buffers=buffers, until=until)[0]]
+
+
+def replaced_by(parts: list[PartCapture], new: list[PartCapture]) -> list[PartCapture]:
+    """``parts`` without those lying in a part of ``new`` (whose graph replaces theirs), then ``new``."""
+    return [p for p in parts if not any(_under(p.path, n.path) for n in new)] + new
 
 
 def own_inputs(mod: nn.Module) -> Optional[dict[str, torch.Tensor]]:
