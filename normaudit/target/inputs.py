@@ -671,7 +671,8 @@ def _required(params: dict[str, inspect.Parameter]) -> list[str]:
 
 
 def _wanted(model: nn.Module, config: Any, params: dict[str, inspect.Parameter],
-            builders: Optional[dict[str, Callable[[Any], Iterator[torch.Tensor]]]] = None) -> list[str]:
+            builders: Optional[dict[str, Callable[[Any], Iterator[torch.Tensor]]]] = None,
+            extras: tuple[str, ...] = EXTRAS) -> list[str]:
     """The forward inputs to build: the main input, the other modalities' inputs, decoder inputs.
 
     The main input is ``main_input_name`` when ``forward`` names it; else (a tower that inherits
@@ -691,7 +692,7 @@ def _wanted(model: nn.Module, config: Any, params: dict[str, inspect.Parameter],
         names += [n for n in ("decoder_input_ids", f"decoder_{main}") if n in params and n in builders
                   and n not in names]
     names += [n for n in required if n in builders and n not in names and names]
-    names += [n for n in EXTRAS if n in params and n in builders and n not in names and names]
+    names += [n for n in extras if n in params and n in builders and n not in names and names]
     return names
 
 
@@ -728,24 +729,25 @@ def infer_hf_inputs(model: nn.Module) -> Optional[tuple[Any, str]]:
     if config is None or name is None:
         return None
     params = _forward_params(model)
-    from normaudit.target.companion_inputs import COMPANION_BUILDERS
+    from normaudit.target.companion_inputs import COMPANION_BUILDERS, COMPANION_EXTRAS, COMPANION_VARIANTS
 
     builders = {**COMPANION_BUILDERS, **BUILDERS}
-    for key, variant in VARIANTS.items():
+    variants, extras = {**VARIANTS, **COMPANION_VARIANTS}, EXTRAS + COMPANION_EXTRAS
+    for key, variant in variants.items():
         if key in params:
             builders.update(variant)
     _with_suffix_builders(params, builders)
     _with_renamed_main(model, params, builders)
     _with_width_inputs(model, params, builders)
-    names = _wanted(model, config, params, builders)
+    names = _wanted(model, config, params, builders, extras)
     if not names:
         return None
     if any(n in names for n in ("pixel_values", "hidden_states")):  # the grid of a patch list goes with it
-        names += [n for key, variant in VARIANTS.items() if key in params
+        names += [n for key, variant in variants.items() if key in params
                   for n in variant if n in params and n not in names]
     sized = _with_declared_image_size(model, config)
     choices = {n: list(builders[n](sized)) for n in names}
-    choices = {n: c for n, c in choices.items() if c or n not in EXTRAS}
+    choices = {n: c for n, c in choices.items() if c or n not in extras}
     _with_aligned_frames(sized, choices)
     if any(not c for c in choices.values()):
         return None
