@@ -204,7 +204,8 @@ def test_mrope_sections_follow_the_shrunk_rotary_width():
 
 
 def test_mrope_sections_split():
-    assert targets.mrope_sections(8) == [2, 3, 3]
+    assert targets.mrope_sections(8) == [3, 3, 2]  # no library sections: equal thirds, remainder off the last
+    assert targets.mrope_sections(12) == [4, 4, 4]
     assert targets.mrope_sections(32, [8, 12, 12]) == [8, 12, 12]
     assert sum(targets.mrope_sections(12, [16, 24, 24])) == 12
 
@@ -367,4 +368,52 @@ def test_mrope_sections_go_into_each_per_layer_type_entry():
     config = cls.from_dict(targets.shrink_config_dict(cls().to_dict(), "filled"))
     targets.fill_rope_sections(config)
     assert config.rope_parameters == {"full_attention": {"rope_type": "default", "rope_theta": 10000.0,
-                                                         "mrope_section": [2, 3, 3]}}
+                                                         "mrope_section": [3, 3, 2]}}
+
+
+def test_filled_sections_keep_interleaved_height_and_width_equal():
+    # ERNIE-4.5-VL-MoE's defaults leave mrope_section out (its modeling falls back to [22, 22, 20]) and its
+    # rotary embedding stacks the height and width frequencies: with Qwen2-VL's proportions ([2, 3, 3] of 8)
+    # the forward failed, "stack expects each tensor to be equal size, but got [2, 16, 2] ... [2, 16, 3]"
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    cls = transformers.CONFIG_MAPPING["ernie4_5_vl_moe"]
+    config = cls.from_dict(targets.shrink_config_dict(cls().to_dict()))
+    targets.fill_rope_sections(config)
+    text = config.text_config
+    assert (text.hidden_size, text.num_attention_heads, text.rope_parameters["mrope_section"]) == (64, 4, [3, 3, 2])
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(config)
+    with torch.no_grad():
+        out = model(input_ids=torch.randint(0, 100, (2, 16)))
+    assert tuple(out.last_hidden_state.shape) == (2, 16, 64)
+
+
+def test_width_named_after_a_sibling_sub_config_follows_its_shrink():
+    # BLT: encoder_config/decoder_config.hidden_size_global is global_config.hidden_size (2048); left as it was,
+    # the local encoder's patch projection did "[2*u2 + 4, 64] X [2048, 128]" in capture
+    transformers = pytest.importorskip("transformers")
+    base = transformers.CONFIG_MAPPING["blt"]().to_dict()
+    assert base["encoder_config"]["hidden_size_global"] == base["global_config"]["hidden_size"] == 2048
+    d = targets.shrink_config_dict(base)
+    assert (d["global_config"]["hidden_size"], d["encoder_config"]["hidden_size_global"],
+            d["decoder_config"]["hidden_size_global"], d["encoder_config"]["hidden_size"]) == (64, 64, 64, 64)
+    w = targets.shrink_config_dict(base, "wide")
+    assert (w["global_config"]["hidden_size"], w["encoder_config"]["hidden_size_global"]) == (512, 512)
+    # a width that names a sibling but never equalled it is left to the shrink of widths alone
+    d = targets.shrink_config_dict({"a_config": {"hidden_size_b": 300}, "b_config": {"hidden_size": 2048}})
+    assert (d["a_config"]["hidden_size_b"], d["b_config"]["hidden_size"]) == (300, 64)
+
+
+def test_filled_level_gives_clamp_bounds_and_expert_top_k_left_none():
+    # DBRX's attn_config.clip_qkv None reaches clamp(min=None, max=None); DeepSeek-V2's num_experts_per_tok
+    # None reaches topk(k=None): both build at "small" and fail in the forward, so the sweep tries "filled"
+    transformers = pytest.importorskip("transformers")
+    dbrx = transformers.CONFIG_MAPPING["dbrx"]().to_dict()
+    assert dbrx["attn_config"]["clip_qkv"] is None
+    assert targets.shrink_config_dict(dbrx)["attn_config"]["clip_qkv"] is None
+    assert targets.shrink_config_dict(dbrx, "filled")["attn_config"]["clip_qkv"] == 8.0
+    ds = transformers.CONFIG_MAPPING["deepseek_v2"]().to_dict()
+    d = targets.shrink_config_dict(ds, "filled")
+    assert (d["n_routed_experts"], d["num_experts_per_tok"], d["n_group"], d["topk_group"]) == (4, 2, 1, 1)
+    assert targets.shrink_config_dict(ds)["num_experts_per_tok"] is None

@@ -218,6 +218,7 @@ def shrink_config_dict(d: dict[str, Any], level: str = "small") -> dict[str, Any
                 and key not in ("id2label", "label2id", "rope_parameters", "rope_scaling")):
             subs[key], d[key] = value, shrink_config_dict(value, level)
     _keep_text_width(subs, d)
+    _keep_named_tower_widths(subs, d)
     level = "small" if level == "filled" else level
     if isinstance(d.get("architecture"), str) and "model_args" in d and level in WIDTHS:
         d["model_args"] = dict(timm_model_args(d["architecture"], WIDTHS[level][0]), **(d["model_args"] or {}))
@@ -286,18 +287,21 @@ def _all_token_ids(d: dict[str, Any]):
 _HEAD_DIM_KEY = re.compile(r"^(.*_)?head_?dim$")
 
 
+#: activation bounds a model passes to ``clamp(-v, v)`` when given (DBRX ``clip_qkv``: 8 in its checkpoint;
+#: None reaches ``clamp(min=None, max=None)``, which torch refuses)
+_CLIP_KEYS = re.compile(r"^clip_(qkv|value|activations?)$")
 #: (key pattern, test value) of the "filled" level beyond the sizes: an optional feature switched on by a
 #: group of keys that must all be given (Qwen4-Exp's QSA indexer: ``indexer_n_heads``, ``indexer_kv_heads``,
 #: ``indexer_head_dim``, ``indexer_budget`` a multiple of ``indexer_compress_ratio``). One KV head divides
 #: every head count.
 _FILL_OPTIONAL = ((re.compile(r"^.*_kv_heads$"), 1), (re.compile(r"^.*_budget$"), 8),
-                  (re.compile(r"^.*_compress_ratio$"), 4), (_HEAD_KEYS, HEADS))
+                  (re.compile(r"^.*_compress_ratio$"), 4), (_HEAD_KEYS, HEADS), (_CLIP_KEYS, 8.0))
 
 
 def _fill_checkpoint_sizes(d: dict[str, Any]) -> None:
     """Give test values to sizes a library's defaults leave ``None`` for the checkpoint to give (the level
     "filled", tried only where no other level builds): vocabulary, expert counts, top-k, expert groups, head
-    width, MoE FFN width, the keys of :data:`_FILL_OPTIONAL`; ``mlp_layer_types`` as the library's configs
+    width, MoE FFN width, the keys of :data:`_FILL_OPTIONAL` (clamp bounds among them); ``mlp_layer_types`` as the library's configs
     derive it (``["dense"] + ["sparse"] * (n - 1)``: DeepSeek-OCR-2's text model indexes it, its defaults
     leave it ``None``); a ``vocabulary_map`` (Chameleon, Emu3: BPE names to ids, read for ``"<image>"`` at
     construction) holding only ``"<image>"``, at the first id above the config's special tokens."""
@@ -428,8 +432,12 @@ def _rotary_half(d: dict[str, Any]) -> int | None:
 
 def mrope_sections(half: int, like: list[int] | None = None) -> list[int]:
     """Multimodal RoPE sections (temporal, height, width) summing to ``half`` frequencies, in the proportions of
-    ``like`` (the library's sections for full-size heads), else of Qwen2-VL's ``[16, 24, 24]``."""
-    like = like or [16, 24, 24]
+    ``like`` (the library's sections for full-size heads), else in equal thirds, the remainder taken from the
+    last (8 -> ``[3, 3, 2]``): a model that interleaves two sections (ERNIE-4.5-VL stacks its height and
+    width frequencies, ``torch.stack([freq_h, freq_w])``, and falls back to ``[22, 22, 20]`` in its
+    modeling code) needs them equal, which Qwen2-VL's proportions ``[16, 24, 24]`` (8 -> ``[2, 3, 3]``)
+    broke for the first two; models that only split and concatenate the sections take any sizes."""
+    like = like or [1, 1, 1]
     out = [max(1, round(v * half / sum(like))) for v in like]
     out[-1] = half - sum(out[:-1])
     return out
@@ -496,6 +504,28 @@ def _keep_text_width(subs: dict[str, dict[str, Any]], d: dict[str, Any]) -> None
         for key, value in old.items():
             if _TIED_TO_WIDTH.search(key) and value == old_text[width] and d[name].get(key) == value:
                 d[name][key] = new_text[width]
+
+
+_NAMED_WIDTH = re.compile(r"^hidden_size_(?P<a>\w+)$|^(?P<b>\w+)_hidden_size$")
+
+
+def _keep_named_tower_widths(subs: dict[str, dict[str, Any]], d: dict[str, Any]) -> None:
+    """A sub-config's width key that names a sibling sub-config (``hidden_size_<name>`` or
+    ``<name>_hidden_size`` beside ``<name>_config``) and equals that sibling's width in the defaults stays
+    equal to its shrunk width (BLT: ``encoder_config.hidden_size_global`` 2048 is ``global_config.hidden_size``;
+    the local encoder's cross-attention projects patches into the global model: left at 2048, its forward
+    fails on ``[.., 64] x [2048, 128]``). ``subs``: the sub-configs before their shrink, by key; ``d``: the
+    config, its sub-configs shrunk, changed in place."""
+    for name, old in subs.items():
+        for key, value in old.items():
+            named = _NAMED_WIDTH.match(key)
+            tower = named and f"{named['a'] or named['b']}_config"
+            if not (tower and tower in subs and tower != name and _is_int(value)):
+                continue
+            width = _primary_hidden(subs[tower])
+            new = d[tower].get(width) if width else None
+            if _is_int(new) and subs[tower][width] == value and d[name].get(key) == value:
+                d[name][key] = new
 
 
 _HEAD_COUNT = re.compile(r"^(?P<p>.*?)_?(num_attention_heads|num_heads|n_heads|n_head|attention_heads)$|"

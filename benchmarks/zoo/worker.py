@@ -127,7 +127,9 @@ def _choose_level(model_type: str, base: dict[str, Any]):
     groups that no longer divide the experts) would otherwise be measured as a capture failure. When no
     level's forward runs (inputs the sweep cannot build), the first level that builds, with its forward's
     error as ground truth. The full-size "default" level is only a build fallback and never run for real;
-    "filled" is tried only when no other level builds. A level too large for a real forward, judged by a
+    "filled" is tried only when no other level runs a forward, and only where it fills something in:
+    a model built from sizes the defaults leave ``None`` may build and then fail on them (DeepSeek-V2:
+    ``num_experts_per_tok`` None reaches ``topk``; DBRX: ``clip_qkv`` None reaches ``clamp``). A level too large for a real forward, judged by a
     meta forward only, never wins over a smaller level that built (PE-Audio-Video: once its ViT-L tower is
     shrunk, "small" runs for real and fails on the sweep's audio inputs; the 750M-parameter "layers" level
     then passed on meta and was audited until the capture timed out).
@@ -139,8 +141,9 @@ def _choose_level(model_type: str, base: dict[str, Any]):
     errors: dict[str, str] = {}
     first_built = None
     for level in targets.SHRINK_LEVELS:
-        if level == "filled" and first_built is not None:
-            break  # the library's own defaults build: nothing left to the checkpoint is filled in
+        if level == "filled" and first_built is not None and \
+                targets.shrink_config_dict(base, "filled") == targets.shrink_config_dict(base, "small"):
+            break  # the defaults build and leave no size to the checkpoint: nothing to fill in
         try:
             config = targets.model_config(cls.from_dict(targets.shrink_config_dict(base, level)))
             targets.fill_rope_sections(config)
