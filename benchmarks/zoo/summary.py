@@ -173,10 +173,20 @@ def crashed(r: dict[str, Any]) -> bool:
 
 def covered(r: dict[str, Any]) -> bool:
     """Captured as a graph (whole model or parts) with every norm module a forward called a graph site; where
-    no forward ran, the report's own ``complete`` (every norm module reached by the capture)."""
+    no forward ran, the report's own ``complete`` (a whole-model graph reaching every norm module) or, for a
+    capture by parts, every norm module of the model a graph site of some part (:func:`every_norm_sited`)."""
     if not captured(r):
         return False
-    return not missing(r) if r.get("fwd_norms") is not None else bool(r.get("complete"))
+    if r.get("fwd_norms") is not None:
+        return not missing(r)
+    return bool(r.get("complete")) or every_norm_sited(r)
+
+
+def every_norm_sited(r: dict[str, Any]) -> bool:
+    """Whether the model has norm modules and each is a graph site (of the whole graph or of a part)."""
+    norms = r.get("norm_modules") or {}
+    sites = set(r.get("graph_site_modules") or [])
+    return bool(norms) and all(m in sites for m in norms)
 
 
 def exact_sites(r: dict[str, Any]) -> Optional[bool]:
