@@ -158,7 +158,7 @@ def test_parts_recorded_in_eval_mode_when_training_forward_refuses():
     cap = capture_model(model, (torch.randn(2, 5, 8),), on_meta=False)
     assert not cap.complete and covers_all(cap)
     assert [a.method for a in cap.attempts] == ["symbolic_trace", "export", "symbolic_trace (eval)",
-                                               "export (eval)"]
+                                               "export (eval)", "export (integer factories as constants) (eval)"]
     assert [(p.path, type(p.capture.root).__name__, p.inputs, p.capture.method) for p in cap.parts] == [
         ("encoder", "Sequential", ["arg0: float32[2, 5, 8]"], "symbolic_trace"),
         ("decoder", "Sequential", ["arg0: float32[2, 5, 8]"], "symbolic_trace")]

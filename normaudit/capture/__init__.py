@@ -95,14 +95,15 @@ class _Flatten(nn.Module):
     of failing on a data-dependent size. The free positional inputs fill the other positions, in order."""
 
     def __init__(self, model: nn.Module, fixed: Optional[dict[Any, torch.Tensor]] = None,
-                 buffers: Optional[dict[str, dict[str, torch.Tensor]]] = None):
+                 buffers: Optional[dict[str, dict[str, torch.Tensor]]] = None, lift: bool = False):
         super().__init__()
         self.m = model
         self.fixed = {k: (t.tolist(), t.dtype) for k, t in (fixed or {}).items()}
         self.consts = _BufferConstants(buffers or {})
+        self.lift = lift or bool(self.fixed) or bool(self.consts.values)  # factories made constants
 
     def forward(self, *args, **kwargs):
-        if not self.fixed and not self.consts.values:
+        if not self.lift:
             return tuple(_tensor_leaves(self.m(*args, **kwargs)))
         self.consts(self.m)
         lifted = {k: torch.tensor(values, dtype=dtype) for k, (values, dtype) in self.fixed.items()}
@@ -227,6 +228,11 @@ class _LiftedFactories(torch.overrides.TorchFunctionMode):
     :data:`CONSTANT_PROPAGATION_LIMIT` elements, on another device or taking symbolic sizes stay fake."""
 
     FACTORIES = frozenset({torch.arange, torch.zeros, torch.ones, torch.full, torch.eye, torch.linspace})
+    #: ``x.new_ones(n, dtype=torch.long)`` and its kin, made constant where the result is integer or bool
+    #: (lengths, counts: ``x.shape[1] * x.new_ones(B, dtype=torch.long)``, PE-AV's audio/video alignment);
+    #: the tensor they are called on gives only dtype and device
+    NEW_METHODS = {torch.Tensor.new_ones: torch.ones, torch.Tensor.new_zeros: torch.zeros,
+                   torch.Tensor.new_full: torch.full}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -235,6 +241,8 @@ class _LiftedFactories(torch.overrides.TorchFunctionMode):
             # reads their storage directly, which a fake tensor has not; their .item() is the value (a
             # Python number for a constant, an unbacked symbol otherwise)
             return func(self._items(args[0]), *args[1:], **kwargs)
+        if func in self.NEW_METHODS and args and isinstance(args[0], torch.Tensor):
+            return self._new(func, args, kwargs)
         if func not in self.FACTORIES or not self._plain(args, kwargs):
             return func(*args, **kwargs)
         from torch.utils._python_dispatch import _disable_current_modes
@@ -244,6 +252,16 @@ class _LiftedFactories(torch.overrides.TorchFunctionMode):
         if real.numel() > CONSTANT_PROPAGATION_LIMIT or real.requires_grad:
             return func(*args, **kwargs)
         return torch.tensor(real.tolist(), dtype=real.dtype)
+
+    def _new(self, func, args: tuple, kwargs: dict) -> Any:
+        """``self.new_*(size, ...)`` as the matching factory (:data:`NEW_METHODS`) with ``self``'s dtype and
+        device unless given, lifted like one where its dtype is integer or bool."""
+        base = args[0]
+        dtype = kwargs.get("dtype") or base.dtype
+        if dtype.is_floating_point or dtype.is_complex or base.device.type not in ("cpu", "meta"):
+            return func(*args, **kwargs)
+        rest = {k: v for k, v in kwargs.items() if k not in ("dtype", "device")}
+        return self.__torch_function__(self.NEW_METHODS[func], (), args[1:], {**rest, "dtype": dtype})
 
     @classmethod
     def _items(cls, data: Any) -> Any:
@@ -381,12 +399,14 @@ def _meta_val(tm: Any, mode: FakeTensorMode) -> Any:
 
 def _export(model: nn.Module, args: Any, mode: FakeTensorMode, kwargs: Optional[dict[str, Any]] = None,
             fixed: Optional[dict[Any, torch.Tensor]] = None,
-            buffers: Optional[dict[str, dict[str, torch.Tensor]]] = None) -> tuple[fx.GraphModule, list[str]]:
+            buffers: Optional[dict[str, dict[str, torch.Tensor]]] = None,
+            lift: bool = False) -> tuple[fx.GraphModule, list[str]]:
     """``torch.export.export(strict=False)`` of ``model`` on fake ``args``/``kwargs``; returns the graph
     module and the placeholder names of the user inputs. ``fixed`` (:class:`_Flatten`): inputs passed as
     constants, left out of ``args``/``kwargs`` here; their lifted-constant placeholders count as user inputs
     (activations, not parameters). ``buffers`` (:func:`integer_buffers`): integer buffers passed as
-    constants (:class:`_BufferConstants`)."""
+    constants (:class:`_BufferConstants`). ``lift``: integer factories are constants even without either
+    (:class:`_LiftedFactories`)."""
     from normaudit.target.inputs import _forward_params, forward_kwargs
 
     fixed = dict(fixed or {})
@@ -401,12 +421,12 @@ def _export(model: nn.Module, args: Any, mode: FakeTensorMode, kwargs: Optional[
     if injected:  # a forward taking **kwargs may hand them to a cache-building child
         kwargs["use_cache"] = False
     try:
-        ep = _export_flat(model, args, kwargs, mode, fixed, buffers)
+        ep = _export_flat(model, args, kwargs, mode, fixed, buffers, lift)
     except TypeError as exc:  # that forward passes its own use_cache to the child besides **kwargs (Mimi)
         if not injected or "multiple values for keyword argument 'use_cache'" not in str(exc):
             raise
         ep = _export_flat(model, args, {k: v for k, v in kwargs.items() if k != "use_cache"}, mode, fixed,
-                          buffers)
+                          buffers, lift)
     from torch.export.graph_signature import InputKind
 
     def is_input(spec: Any) -> bool:  # a constant lifted by _Flatten itself (no module path): a fixed input;
@@ -422,15 +442,16 @@ def _export(model: nn.Module, args: Any, mode: FakeTensorMode, kwargs: Optional[
 
 
 def _export_flat(model: nn.Module, args: tuple, kwargs: dict[str, Any], mode: FakeTensorMode,
-                 fixed: dict[Any, torch.Tensor], buffers: Optional[dict[str, dict[str, torch.Tensor]]] = None) -> Any:
+                 fixed: dict[Any, torch.Tensor], buffers: Optional[dict[str, dict[str, torch.Tensor]]] = None,
+                 lift: bool = False) -> Any:
     """``torch.export.export(strict=False)`` of :class:`_Flatten` around ``model`` under ``mode``, with the
     example's integer inputs ``fixed`` and the integer ``buffers`` as constants (:func:`_constant_propagation`)
-    when there are any."""
+    when there are any, and integer factories as constants then or with ``lift``."""
     buffers = buffers or {}
-    constants = bool(fixed) or bool(buffers)
+    constants = bool(fixed) or bool(buffers) or lift
     with mode, no_value_checks(), (_constant_propagation() if constants else contextlib.nullcontext()), \
             _buffers_as_constants(model, buffers):
-        return torch.export.export(_Flatten(model, fixed, buffers), args, kwargs, strict=False)
+        return torch.export.export(_Flatten(model, fixed, buffers, lift), args, kwargs, strict=False)
 
 
 def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dtype = torch.float32,
@@ -513,23 +534,23 @@ def _try_methods(model: nn.Module, fake_args: Any, inputs: Any, mode: FakeTensor
         if not train_pass:
             model.eval()
         guarded = False  # the plain export of this pass failed on a data-dependent size
-        for method, fixed, consts in _plan(methods, fake_args, inputs, buffers or {}):
-            if (fixed or consts) and not guarded:
+        for method, fixed, consts, lift in _plan(methods, fake_args, inputs, buffers or {}):
+            if lift and not guarded:
                 continue  # constants only where export failed on a data-dependent size
             t0 = time.perf_counter()
-            label = _label(method, fixed, consts) + note
+            label = _label(method, fixed, consts, lift) + note
             label = label if train_pass == was_training else f"{label} (eval)"
             try:
                 with _quiet():
                     if method == "symbolic_trace":
                         gm, user = _symbolic_trace(model, fake_args, mode)
                     else:
-                        gm, user = _export(model, fake_args, mode, fixed=fixed, buffers=consts)
+                        gm, user = _export(model, fake_args, mode, fixed=fixed, buffers=consts, lift=lift)
             except Exception as exc:  # noqa: BLE001 - any failure moves on to the next method
                 error = _one_line(_root_cause(exc))
                 attempts.append(CaptureAttempt(method=label, ok=False, error=error,
                                                seconds=round(time.perf_counter() - t0, 3)))
-                guarded = guarded or (method == "export" and not fixed and not consts and data_dependent(error))
+                guarded = guarded or (method == "export" and not lift and data_dependent(error))
                 if train_pass and train_error is None:
                     train_error = error
                 continue
@@ -538,8 +559,10 @@ def _try_methods(model: nn.Module, fake_args: Any, inputs: Any, mode: FakeTensor
     return None, train_error
 
 
-def _label(method: str, fixed: dict, consts: dict) -> str:
+def _label(method: str, fixed: dict, consts: dict, lift: bool = False) -> str:
     """The attempt's name: the method, and what it passed as constants."""
+    if lift and not fixed and not consts:
+        return f"{method} (integer factories as constants)"
     if fixed and consts:
         return f"{method} (integer inputs and buffers as constants)"
     if fixed or consts:
@@ -548,25 +571,33 @@ def _label(method: str, fixed: dict, consts: dict) -> str:
 
 
 def _plan(methods: tuple[str, ...], fake_args: Any, inputs: Any,
-          buffers: dict[str, dict[str, torch.Tensor]]) -> list[tuple[str, dict, dict]]:
-    """The capture attempts of one pass: ``(method, constant inputs, constant buffers)``; ``symbolic_trace``
-    only for positional inputs; ``export``; then, run only after a data-dependent failure of that export,
-    ``export`` with the example's real integer inputs as constants (:func:`constant_inputs`), when it has
-    some, and ``export`` with those and the model's integer buffers as constants (:func:`integer_buffers`),
-    when it has some."""
-    plan: list[tuple[str, dict, dict]] = []
+          buffers: dict[str, dict[str, torch.Tensor]]) -> list[tuple[str, dict, dict, bool]]:
+    """The capture attempts of one pass: ``(method, constant inputs, constant buffers, lift)``;
+    ``symbolic_trace`` only for positional inputs; ``export``; then the retries of :func:`export_retries`
+    (``lift`` true), run only after a data-dependent failure of that export."""
+    plan: list[tuple[str, dict, dict, bool]] = []
     for method in methods:
         if method == "symbolic_trace" and isinstance(fake_args, dict):
             continue
-        plan.append((method, {}, {}))
-        if method != "export":
-            continue
-        fixed = constant_inputs(fake_args, inputs)
-        if fixed:
-            plan.append((method, fixed, {}))
-        if buffers:
-            plan.append((method, fixed, buffers))
+        plan.append((method, {}, {}, False))
+        if method == "export":
+            plan += export_retries(constant_inputs(fake_args, inputs), buffers)
     return plan
+
+
+def export_retries(fixed: dict[Any, torch.Tensor],
+                   buffers: dict[str, dict[str, torch.Tensor]]) -> list[tuple[str, dict, dict, bool]]:
+    """The exports to retry after a data-dependent failure, as ``(method, constant inputs, constant buffers,
+    True)``: with the example's real integer inputs ``fixed`` as constants (:func:`constant_inputs`) when it
+    has some, with those and the model's integer ``buffers`` (:func:`integer_buffers`) when it has some, else
+    with integer factories alone as constants (:class:`_LiftedFactories`: a length vector from
+    ``x.new_ones(B, dtype=torch.long)`` compared with a size, PE-AV's ``modeling_pe_audio_video.py:182``)."""
+    retries = []
+    if fixed:
+        retries.append(("export", fixed, {}, True))
+    if buffers:
+        retries.append(("export", fixed, buffers, True))
+    return retries or [("export", {}, {}, True)]
 
 
 def _capture_parts(model: nn.Module, fake_args: Any, mode: FakeTensorMode, modules: dict[str, nn.Module],

@@ -187,35 +187,34 @@ def capture_one(mod: nn.Module, args: tuple, kwargs: dict, mode: FakeTensorMode,
     ``export``, then, after a data-dependent failure of that export, ``export`` with the real integer inputs
     ``fixed`` (``{position or keyword: tensor}``, from a real run) as constants, and ``export`` with those and
     the module's integer ``buffers`` (:func:`normaudit.capture.integer_buffers`, paths relative to ``mod``)
-    as constants. Returns a :class:`normaudit.capture.Capture` (``gm`` None when all fail)."""
+    as constants, or with integer factories alone as constants (:func:`normaudit.capture.export_retries`). Returns a :class:`normaudit.capture.Capture` (``gm`` None when all fail)."""
     from normaudit.capture import Capture, _export, _label, _one_line, _quiet, _root_cause, _symbolic_trace
 
-    from normaudit.capture import data_dependent
+    from normaudit.capture import data_dependent, export_retries
 
     attempts: list[CaptureAttempt] = []
     modules = dict(mod.named_modules())
-    methods = [("export", {}, {})] if kwargs else [("symbolic_trace", {}, {}), ("export", {}, {})]  # fx: no keywords
-    if fixed:
-        methods.append(("export", fixed, {}))
-    if buffers:
-        methods.append(("export", fixed or {}, buffers))
+    methods = [("export", {}, {}, False)] if kwargs else [("symbolic_trace", {}, {}, False),
+                                                         ("export", {}, {}, False)]  # fx: no keywords
+    methods += export_retries(fixed or {}, buffers or {})
     guarded = False  # the plain export failed on a data-dependent size
-    for method, consts, consts_buffers in methods:
-        if (consts or consts_buffers) and not guarded:
+    for method, consts, consts_buffers, lift in methods:
+        if lift and not guarded:
             continue
         t0 = time.perf_counter()
-        label = _label(method, consts, consts_buffers)
+        label = _label(method, consts, consts_buffers, lift)
         try:
             with _quiet():
                 if method == "symbolic_trace":
                     gm, user = _symbolic_trace(mod, args, mode)
                 else:
-                    gm, user = _export(mod, args, mode, kwargs=kwargs, fixed=consts, buffers=consts_buffers)
+                    gm, user = _export(mod, args, mode, kwargs=kwargs, fixed=consts, buffers=consts_buffers,
+                                       lift=lift)
         except Exception as exc:  # noqa: BLE001
             error = _one_line(_root_cause(exc))
             attempts.append(CaptureAttempt(method=label, ok=False, error=error,
                                            seconds=round(time.perf_counter() - t0, 3)))
-            guarded = guarded or (method == "export" and not consts and not consts_buffers and data_dependent(error))
+            guarded = guarded or (method == "export" and not lift and data_dependent(error))
             continue
         attempts.append(CaptureAttempt(method=label, ok=True, seconds=round(time.perf_counter() - t0, 3)))
         return Capture(gm=gm, method=method, attempts=attempts, root=mod, modules=modules, user_inputs=user,
