@@ -181,7 +181,8 @@ def test_filled_level_gives_sizes_left_to_the_checkpoint():
     d = targets.shrink_config_dict(base, "filled")
     assert (d["n_routed_experts"], d["num_experts_per_tok"], d["n_shared_experts"], d["head_dim"],
             d["vocab_size"], d["hidden_size"]) == (4, 2, 1, 16, 1024, 64)
-    assert d["pad_token_id"] is None  # a missing token id means "none", not a size
+    # the one token id given: ESM compares its ids with pad_token_id (input_ids.ne(None) fails)
+    assert d["pad_token_id"] == 1
 
 
 def test_mrope_sections_follow_the_shrunk_rotary_width():
@@ -417,3 +418,13 @@ def test_filled_level_gives_clamp_bounds_and_expert_top_k_left_none():
     d = targets.shrink_config_dict(ds, "filled")
     assert (d["n_routed_experts"], d["num_experts_per_tok"], d["n_group"], d["topk_group"]) == (4, 2, 1, 1)
     assert targets.shrink_config_dict(ds)["num_experts_per_tok"] is None
+
+
+def test_filled_level_gives_a_padding_id_the_defaults_leave_none():
+    from transformers import EsmConfig
+
+    base = EsmConfig().to_dict()
+    assert base["pad_token_id"] is None  # ESM's defaults; its forward calls input_ids.ne(pad_token_id)
+    assert targets.shrink_config_dict(base, "filled")["pad_token_id"] == 1
+    assert targets.shrink_config_dict(base, "small")["pad_token_id"] is None
+    assert targets.shrink_config_dict({**base, "pad_token_id": 0}, "filled")["pad_token_id"] == 0

@@ -304,7 +304,8 @@ def _fill_checkpoint_sizes(d: dict[str, Any]) -> None:
     width, MoE FFN width, the keys of :data:`_FILL_OPTIONAL` (clamp bounds among them); ``mlp_layer_types`` as the library's configs
     derive it (``["dense"] + ["sparse"] * (n - 1)``: DeepSeek-OCR-2's text model indexes it, its defaults
     leave it ``None``); a ``vocabulary_map`` (Chameleon, Emu3: BPE names to ids, read for ``"<image>"`` at
-    construction) holding only ``"<image>"``, at the first id above the config's special tokens."""
+    construction) holding only ``"<image>"``, at the first id above the config's special tokens; a padding id
+    (1) where it is None."""
     layers = next((v for k, v in d.items() if _LAYER_KEYS.match(k) and _is_int(v) and v > 0), None)
     _fill_rope_per_layer_type(d)
     for key, value in list(d.items()):
@@ -319,6 +320,8 @@ def _fill_checkpoint_sizes(d: dict[str, Any]) -> None:
             d[key] = ["full_attention"] * layers
         elif key == "vocabulary_map":
             d[key] = {"<image>": _max_token_id(d) + 1}
+        elif key == "pad_token_id":  # ESM's position ids compare the ids with it (input_ids.ne(None) fails);
+            d[key] = 1  # transformers' ESM model test gives 1
         elif optional is not None:
             d[key] = optional
         elif _KV_KEYS.match(key):  # Nemotron divides its heads by num_key_value_heads, left None
