@@ -49,6 +49,9 @@ class Capture:
     parts_error: Optional[str] = None
     #: the integer and bool buffers' values (:func:`integer_buffers`), for the parts' captures
     buffer_values: dict = field(default_factory=dict)
+    #: a part captured on the inputs the model's forward gave it (hidden states, not the model's inputs): their
+    #: layout is not read off their rank (:func:`normaudit.facts.axes.input_labels`)
+    inputs_recorded: bool = False
 
     @property
     def complete(self) -> bool:

@@ -316,6 +316,7 @@ def _visit(root: nn.Module, path: str, holders: set[str], recorded: dict, mode: 
         budget["attempts"] += 1
         args, kwargs, *real = recorded[path]
         sub = capture_one(mod, args, kwargs, mode, real[0] if real else None, buffers_under(budget["buffers"], path))
+        sub.inputs_recorded = True
         if sub.gm is not None and not _misses_recorded(sub, path, recorded):
             found.append(PartCapture(path=path, capture=sub, inputs=_describe(args, kwargs)))
             return

@@ -215,6 +215,9 @@ def _first_consumer_module(node: fx.Node, cap: Capture) -> Optional[nn.Module]:
 
 
 _IMAGE_NAMES = ("pixel", "image", "img", "picture", "photo")
+#: first layers that read their input's last dim as features (:func:`_first_consumer_module` gives an
+#: ``nn.Identity`` for a functional linear, matmul or layer/RMS norm)
+_READS_FEATURES = (nn.Identity, nn.Linear, nn.LayerNorm, nn.RMSNorm)
 _AUDIO_NAMES = ("input_values", "waveform", "wav", "audio", "signal")
 _EMBED_NAMES = ("inputs_embeds", "embeds", "hidden_states", "embedding")
 
@@ -225,7 +228,8 @@ def input_labels(node: fx.Node, cap: Capture, declared: Optional[list[Label]] = 
     - ``declared`` (``--input-axes``) wins when its length equals the input's rank;
     - integer inputs (token ids, masks, positions): ``(batch, sequence)``;
     - floating rank 4 ``(batch, channel, height, width)`` (``(batch, channel, sequence, feature)`` for inputs
-      named like spectrograms: :func:`_spectrogram_labels`), rank 5 ``(batch, channel, depth, height, width)``
+      named like spectrograms: :func:`_spectrogram_labels`; ``(batch, ?, ?, feature)`` for the recorded
+      hidden states of a part, ``cap.inputs_recorded``, read first by a linear layer or a layer/RMS norm), rank 5 ``(batch, channel, depth, height, width)``
       (``(batch, sequence, channel, height, width)`` for inputs named like videos);
     - floating rank 3: ``(batch, channel, sequence)`` when a 1-D conv or a BatchNorm1d/InstanceNorm1d/
       GroupNorm reads it first; ``(sequence, batch, feature)`` when a torch.nn RNN or MultiheadAttention
@@ -256,6 +260,10 @@ def input_labels(node: fx.Node, cap: Capture, declared: Optional[list[Label]] = 
             return [("batch",), UNK, ("sequence",), ("sequence",)]
         if any(k in name for k in _SPECTROGRAM_NAMES):
             return _spectrogram_labels(shp, cap)
+        if getattr(cap, "inputs_recorded", False) and isinstance(_first_consumer_module(node, cap), _READS_FEATURES):
+            # hidden states a part was given ((B, tiles, tokens, D) in Llama 4's vision encoder) read by a
+            # layer over their last dim: not an image
+            return [("batch",), UNK, UNK, ("feature",)]
         return [("batch",), ("channel",), ("height",), ("width",)]
     if rank == 3:
         if any(k in name for k in _EMBED_NAMES):
