@@ -187,7 +187,8 @@ def capture_one(mod: nn.Module, args: tuple, kwargs: dict, mode: FakeTensorMode,
     ``export``, then, after a data-dependent failure of that export, ``export`` with the real integer inputs
     ``fixed`` (``{position or keyword: tensor}``, from a real run) as constants, and ``export`` with those and
     the module's integer ``buffers`` (:func:`normaudit.capture.integer_buffers`, paths relative to ``mod``)
-    as constants, or with integer factories alone as constants (:func:`normaudit.capture.export_retries`). Returns a :class:`normaudit.capture.Capture` (``gm`` None when all fail)."""
+    as constants, or with integer factories alone as constants (:func:`normaudit.capture.export_retries`).
+    Returns a :class:`normaudit.capture.Capture` (``gm`` None when all fail)."""
     from normaudit.capture import Capture, _export, _label, _one_line, _quiet, _root_cause, _symbolic_trace
 
     from normaudit.capture import data_dependent, export_retries

@@ -229,7 +229,8 @@ def input_labels(node: fx.Node, cap: Capture, declared: Optional[list[Label]] = 
     - integer inputs (token ids, masks, positions): ``(batch, sequence)``;
     - floating rank 4 ``(batch, channel, height, width)`` (``(batch, channel, sequence, feature)`` for inputs
       named like spectrograms: :func:`_spectrogram_labels`; ``(batch, ?, ?, feature)`` for the recorded
-      hidden states of a part, ``cap.inputs_recorded``, read first by a linear layer or a layer/RMS norm), rank 5 ``(batch, channel, depth, height, width)``
+      hidden states of a part, ``cap.inputs_recorded``, read first by a linear layer or a layer/RMS norm),
+      rank 5 ``(batch, channel, depth, height, width)``
       (``(batch, sequence, channel, height, width)`` for inputs named like videos);
     - floating rank 3: ``(batch, channel, sequence)`` when a 1-D conv or a BatchNorm1d/InstanceNorm1d/
       GroupNorm reads it first; ``(sequence, batch, feature)`` when a torch.nn RNN or MultiheadAttention
