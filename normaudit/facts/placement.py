@@ -116,6 +116,8 @@ POOL_OPS = ("avg_pool1d", "avg_pool2d", "avg_pool3d", "max_pool1d", "max_pool2d"
             "adaptive_avg_pool2d")
 #: ops that compute attention scores from two activations
 SCORE_OPS = ("sdpa", "matmul", "einsum", "baddbmm")
+#: ops that project their input by a weight operand (a linear or conv layer, a matmul with a weight)
+PROJECTION_OPS = ("linear", "addmm", "mm", "bmm", "matmul", "conv", "conv1d", "conv2d", "conv3d", "einsum")
 #: ops that read only the size, dtype and device of their tensor input, not its values
 SHAPE_ONLY_OPS = ("new_zeros", "new_ones", "new_empty", "new_full", "new_tensor", "zeros_like", "ones_like",
                   "empty_like", "full_like", "rand_like", "randn_like", "randint_like", "size", "dim", "numel",
@@ -672,7 +674,11 @@ def _reaches_scores(g: _Graph, start: fx.Node, residual: dict[fx.Node, ResidualA
                 if len(acts) >= 2 and not g.is_weighted(u) and (_feeds_softmax(g, u) or _weights_values(g, u)):
                     return True
                 continue
-            if g.is_weighted(u) or (u in g.norm_nodes and u not in (start,)) or name == "module":
+            if g.is_weighted(u) or (u in g.norm_nodes and u not in (start,)) or name == "module" \
+                    or (name in PROJECTION_OPS and any(a in g.param for a in g.inputs[u])):
+                # a projection by a weight; also of a tensor computed from parameters only (a Perceiver
+                # resampler's learned latents in its first layer), which is_weighted leaves unmarked: export's
+                # aten.linear then stops here as symbolic_trace's call_module does
                 continue
             todo.append(u)
             if len(seen) > 400:
@@ -808,6 +814,9 @@ class _SiteInfo:
     #: its output feeds a projection shortcut as well as the branch: ``pre`` here, whichever scheme the
     #: identity-shortcut blocks of its class follow (raw skip, ResNetV2; normed skip, timm PreXception)
     feeds_shortcut: bool = False
+    #: its input depends on no model input: learned latent queries expanded over the batch, read by the first
+    #: layer of a Perceiver resampler (Idefics2's connector, modeling_idefics2.py:626-628); no residual stream
+    reads_constant: bool = False
 
 
 def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
@@ -835,7 +844,8 @@ def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
     for rec in records:
         inp = g.strip(rec.input) if isinstance(rec.input, fx.Node) else None
         out = g.site_out.get(id(rec))
-        info = _SiteInfo(rec=rec, inp=inp, out=out, block=_block_of(rec.site.module, candidates))
+        info = _SiteInfo(rec=rec, inp=inp, out=out, block=_block_of(rec.site.module, candidates),
+                         reads_constant=inp is not None and inp in g.const)
         rec.site.block = info.block
         infos.append(info)
 
@@ -1216,6 +1226,14 @@ def _numel(node: Optional[fx.Node]) -> Optional[int]:
         return None
 
 
+def _no_evidence(info: Optional[_SiteInfo], sizes: set[int]) -> bool:
+    """Whether a norm's role says nothing about its block's residual-norm scheme (:func:`_mark_mixed`): it
+    feeds a projection shortcut and the branch, reads a tensor that depends on no model input (the learned
+    latents of a resampler's first layer), or reads another size than its block's residual adds."""
+    return (getattr(info, "feeds_shortcut", False) or getattr(info, "reads_constant", False)
+            or _off_stream(info, sizes))
+
+
 def _off_stream(info: Optional[_SiteInfo], sizes: set[int]) -> bool:
     """The norm's input holds another number of elements than every residual add of its block: it cannot
     read that block's residual stream (a width-changing first layer), so its role says nothing about the
@@ -1286,7 +1304,8 @@ def _mark_mixed(blocks: list[Block], infos: list[Any], add_sizes: Optional[dict[
     """Flag norms whose role differs from the same norm in most blocks of the same class in the same stack
     (``_stack_pattern``: an audio encoder's layers and a projector's layers of one class are two stacks).
     A norm feeding a projection shortcut and the branch (``_SiteInfo.feeds_shortcut``) is no evidence
-    either way: the blocks with an identity shortcut decide, and it is never flagged; nor is a norm whose
+    either way: the blocks with an identity shortcut decide, and it is never flagged; nor is a norm reading a
+    tensor computed from parameters only (``_SiteInfo.reads_constant``); nor is a norm whose
     input has another size than every residual add of its block (the first layer of FunASR's SenseVoice
     encoder normalises 560-wide stacked features and, its width changing, has no residual around it).
     ``add_sizes`` (block path -> element counts of its residual adds) None: sizes unknown, no norm is left out
@@ -1300,8 +1319,8 @@ def _mark_mixed(blocks: list[Block], infos: list[Any], add_sizes: Optional[dict[
         groups[(_stack_pattern(b.path), b.class_name, rel)].append(b)
     for (_, _, rel), all_members in groups.items():
         for pos, name in enumerate(rel):
-            members = [b for b in all_members if not getattr(by_key.get(list(b.norms)[pos]), "feeds_shortcut", False)
-                       and not _off_stream(by_key.get(list(b.norms)[pos]), add_sizes.get(b.path, set()))]
+            members = [b for b in all_members if not _no_evidence(by_key.get(list(b.norms)[pos]),
+                                                                   add_sizes.get(b.path, set()))]
             if len(members) < 2:
                 continue
             roles = [list(b.norms.values())[pos] for b in members]
