@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
+from torch import nn
 
 from normaudit.audit import AuditOptions, build_report, run_audit
 from normaudit.engine.loader import load_rules
@@ -87,3 +88,16 @@ def load_fixture_module(path: Path):
 
 
 requires_cases = pytest.mark.skipif(not CASES.is_dir(), reason="tests/data/cases not found")
+
+
+class _Block(nn.Module):
+    """A pre-LN residual block ``x + fc(norm(x))`` (LayerNorm eps 1e-6) for the capture tests' small models;
+    reports name its class ``_Block``."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(d, eps=1e-6)
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + self.fc(self.norm(x))

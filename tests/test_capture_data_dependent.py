@@ -9,18 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from conftest import audit_model, site
+from conftest import _Block, audit_model, site
 from normaudit.capture import capture_model
-
-
-class _Block(nn.Module):
-    def __init__(self, d: int):
-        super().__init__()
-        self.norm = nn.LayerNorm(d, eps=1e-6)
-        self.fc = nn.Linear(d, d)
-
-    def forward(self, x):
-        return x + self.fc(self.norm(x))
 
 
 class PatchTower(nn.Module):

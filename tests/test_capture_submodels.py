@@ -10,7 +10,7 @@ from torch import nn
 
 transformers = pytest.importorskip("transformers")
 
-from conftest import audit_model, site  # noqa: E402
+from conftest import _Block, audit_model, site  # noqa: E402
 from normaudit.audit import AuditOptions, build_report  # noqa: E402
 from normaudit.capture.parts import OWN_INPUTS  # noqa: E402
 from normaudit.target import ModelUnderAudit  # noqa: E402
@@ -163,16 +163,6 @@ def test_model_of_its_own_missing_a_recorded_norm_replaces_nothing(rules):
     assert [(p.module, p.method) for p in report.capture.parts] == [("text.side", "symbolic_trace")]
     assert [(s.module, s.eps) for s in report.sites if s.detected_by != "module_walk"] == [("text.side.1", 1e-4)]
     assert [u.module for u in report.capture.unaudited] == ["text.norm"]
-
-
-class _Block(nn.Module):
-    def __init__(self, d: int):
-        super().__init__()
-        self.norm = nn.LayerNorm(d, eps=1e-6)
-        self.fc = nn.Linear(d, d)
-
-    def forward(self, x):
-        return x + self.fc(self.norm(x))
 
 
 class HostEncoder(nn.Module):

@@ -185,8 +185,7 @@ def covered(r: dict[str, Any]) -> bool:
 def every_norm_sited(r: dict[str, Any]) -> bool:
     """Whether the model has norm modules and each is a graph site (of the whole graph or of a part)."""
     norms = r.get("norm_modules") or {}
-    sites = set(r.get("graph_site_modules") or [])
-    return bool(norms) and all(m in sites for m in norms)
+    return bool(norms) and set(_norm_sites(r)) == set(norms)
 
 
 def exact_sites(r: dict[str, Any]) -> Optional[bool]:
