@@ -6,7 +6,8 @@ or as Ray tasks (``--executor ray``), results handed on in the targets' order.
   all targets before it are done (a long run streams its results).
 - Local executor: at most ``jobs`` forked workers at a time (:class:`~normaudit.worker.Job`, each under its
   own ``--timeout``); a crash or timeout of one is that target's error and the others go on. Before the first
-  fork, the parent imports torch, ``torch._dynamo`` (``FakeTensorMode`` imports ``torch._dynamo.config``, which
+  fork, the parent defers the optional heavy imports transformers makes at start-up
+  (:data:`normaudit.lazy_imports.DEFERRED`: boto3, scipy.optimize), then imports torch, ``torch._dynamo`` (``FakeTensorMode`` imports ``torch._dynamo.config``, which
   loads all of dynamo: about 2 s that each worker would otherwise pay again) and, for Hugging Face targets,
   transformers and the modelling module of each ``model_type`` that several targets share
   (:func:`shared_model_types`).
@@ -113,8 +114,10 @@ def ray_task(opts: Any, rules: dict, cwd: str, phase_file: Optional[str] = None)
     give them); the task's process serves this one task (``max_calls=1``), so the change does not leak. The
     phases reached go to ``phase_file`` (:class:`PhaseFile`) when its folder exists here."""
     from normaudit import worker
+    from normaudit.lazy_imports import install
     from normaudit.target.hf import set_offline
 
+    install()  # the task's process is normaudit's own (max_calls=1)
     set_offline()
     if os.path.isdir(cwd):
         os.chdir(cwd)
@@ -137,7 +140,11 @@ def _looks_checkpoint(target: str) -> bool:
 
 def prewarm(targets: list[str]) -> None:
     """Import in this process what the workers forked from it would each import again (see the module
-    docstring); nothing for checkpoint-only targets."""
+    docstring); nothing for checkpoint-only targets. First the optional heavy imports of
+    :data:`normaudit.lazy_imports.DEFERRED` are deferred (this is normaudit's own process)."""
+    from normaudit.lazy_imports import install
+
+    install()
     import normaudit.audit  # noqa: F401 - torch, capture, facts, target loaders
 
     if not all(_looks_checkpoint(t) for t in targets):
@@ -265,6 +272,9 @@ def _run_local(pending: list[int], plan_opts: list, rules: dict, timeout: float,
     from normaudit.worker import Job, can_isolate, collection_paused, user_code_output, wait_any
 
     if not can_isolate():
+        from normaudit.lazy_imports import install
+
+        install()  # this is the command line's own process
         for i in pending:
             started = time.monotonic()
             try:
