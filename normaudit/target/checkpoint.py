@@ -18,7 +18,7 @@ import stat
 import struct
 import warnings
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -329,8 +329,9 @@ def _torch_error(path: Path, err: Exception) -> UsageError:
         plain = "a plain pickle, not torch.save output: " if count and where == "the pickle" and \
             not _legacy_magic(data or b"") else ""
         return UsageError(f"refusing to unpickle: {plain}expected tensors and plain containers only, found a pickle "
-                          f"that needs code to load: it calls {', '.join(code[:3])}, and normaudit never runs "
-                          "code from a checkpoint: normaudit never loads checkpoints with weights_only=False", file=str(path))
+                          f"that needs code to load: it calls {', '.join(code[:3])}{_pickled_module_hint(code)}; "
+                          "normaudit never runs code from a checkpoint (it only loads with torch.load(weights_only=True))",
+                          file=str(path))
     if corrupt:
         if where == "the pickle" and count:
             where = f"pickle {count + 1} of the file"
@@ -341,6 +342,15 @@ def _torch_error(path: Path, err: Exception) -> UsageError:
                           f"({_torch_reason(err)})", file=str(path))
     return UsageError(f"cannot read torch checkpoint: torch.load(weights_only=True) fails on {where}: "
                       f"{_torch_reason(err)}", file=str(path))
+
+
+def _pickled_module_hint(code: Sequence[str]) -> str:
+    """`` (a whole nn.Module saved with torch.save(model): save model.state_dict() instead)`` when one of the
+    callables a refused pickle needs is a ``torch.nn`` module class (a pickled module names its class as
+    ``torch.nn.modules.<file>.<Class>``, or a user's ``nn.Module`` subclass beside it); else ``""``."""
+    if any(name.startswith("torch.nn.modules.") for name in code):
+        return " (a whole nn.Module saved with torch.save(model): save model.state_dict() instead)"
+    return ""
 
 
 def _legacy_magic(data: bytes) -> bool:
