@@ -399,6 +399,7 @@ def _keep_derived(d: dict[str, Any], base: dict[str, Any], hidden: int) -> None:
         if _is_int(base.get("head_dim")) and base["head_dim"] == base["qk_rope_head_dim"]:
             d["head_dim"] = d["qk_rope_head_dim"]
     _keep_width_multiples(d, base)
+    _keep_width_parts(d, base)
     _keep_head_products(d, base)
     _keep_expert_groups(d)
     _keep_rope_sections(d, base)
@@ -490,6 +491,52 @@ def _keep_width_multiples(d: dict[str, Any], base: dict[str, Any]) -> None:
         elif (_HIDDEN_KEYS.match(other) or other.endswith("_hidden_size")) and value % base[key] == 0 \
                 and 1 < value // base[key] <= 4:
             d[other] = d[key] * (value // base[key])
+
+
+#: ``*_size`` keys that are geometry or counts, not widths (the shrink keeps them: they tie to each other)
+_NOT_WIDTH_PART = re.compile(r"(patch|image|input|crop|tubelet|kernel|window|chunk|block|merge|spec|pool|vocab|"
+                             r"bucket|grid|state|context|codebook|step|batch|label)\w*_size$")
+#: most times one part appears in the concatenation (LayoutLMv3: 4 box coordinates)
+_MAX_PART_COUNT = 4
+
+
+class ShrinkMisfit(ValueError):
+    """A shrink level whose widths cannot keep a relation the model checks (raised by :func:`shrink_config_dict`;
+    the sweep then tries the next level)."""
+
+
+def _width_parts(d: dict[str, Any], base: dict[str, Any], key: str) -> list[str]:
+    """Keys of the width parts that together make up the model width ``base[key]`` (:func:`_keep_width_parts`):
+    two to six ``*_size`` keys left as is by the shrink (no :data:`_NOT_WIDTH_PART` geometry), each below the
+    width, and counts of 1 to :data:`_MAX_PART_COUNT` of each that sum to it exactly; [] where none do."""
+    import itertools
+
+    parts = [k for k, v in base.items() if k != key and k.endswith("_size") and not _NOT_WIDTH_PART.search(k)
+             and _is_int(v) and 1 < v < base[key] and d.get(k) == v]
+    counts = range(1, _MAX_PART_COUNT + 1)
+    if not 2 <= len(parts) <= 6 or not any(sum(c * base[k] for c, k in zip(cs, parts)) == base[key]
+                                 for cs in itertools.product(counts, repeat=len(parts))):
+        return []
+    return parts
+
+
+def _keep_width_parts(d: dict[str, Any], base: dict[str, Any]) -> None:
+    """Widths of embeddings concatenated into the model width keep making it up: each part is scaled by the
+    width's shrink factor. LayoutLMv3 concatenates 4 box-coordinate embeddings of ``coordinate_size`` and 2
+    of ``shape_size`` into ``hidden_size`` (tables at modeling_layoutlmv3.py:108-111, ``torch.cat`` at 126:
+    4 x 128 + 2 x 128 = 768); left at 128 beside hidden 64, every text forward fails on ``768 vs 64``.
+    Raises :class:`ShrinkMisfit` where the factor leaves a part fractional (hidden 64 of 768: 128 -> 10.7),
+    so that the sweep takes the next level ("small3": 96 of 768, parts of 16)."""
+    key = _primary_hidden(d)
+    if key is None or not _is_int(base.get(key)) or base[key] == d[key]:
+        return
+    parts = _width_parts(d, base, key)
+    for part in parts:
+        scaled = base[part] * d[key]
+        if scaled % base[key]:
+            raise ShrinkMisfit(f"{part} {base[part]} is a part of {key} {base[key]}: no integer part of "
+                               f"{key} {d[key]}")
+        d[part] = scaled // base[key]
 
 
 def _keep_text_width(subs: dict[str, dict[str, Any]], d: dict[str, Any]) -> None:

@@ -141,8 +141,7 @@ def _choose_level(model_type: str, base: dict[str, Any]):
     errors: dict[str, str] = {}
     first_built = None
     for level in targets.SHRINK_LEVELS:
-        if level == "filled" and first_built is not None and \
-                targets.shrink_config_dict(base, "filled") == targets.shrink_config_dict(base, "small"):
+        if level == "filled" and first_built is not None and _fills_nothing(base):
             break  # the defaults build and leave no size to the checkpoint: nothing to fill in
         try:
             config = targets.model_config(cls.from_dict(targets.shrink_config_dict(base, level)))
@@ -166,6 +165,15 @@ def _choose_level(model_type: str, base: dict[str, Any]):
     if first_built is not None:
         return (*first_built, errors)
     raise RuntimeError(f"no shrink level builds: {errors.get('default') or list(errors.values())[-1]}")
+
+
+def _fills_nothing(base: dict[str, Any]) -> bool:
+    """Whether the "filled" level of the config dict ``base`` equals its "small" level (or neither shrinks:
+    :class:`targets.ShrinkMisfit`, widths that cannot keep a relation at hidden 64)."""
+    try:
+        return targets.shrink_config_dict(base, "filled") == targets.shrink_config_dict(base, "small")
+    except targets.ShrinkMisfit:
+        return True
 
 
 def write_target(job: dict[str, Any]) -> tuple[Path, str, dict[str, Any]]:
