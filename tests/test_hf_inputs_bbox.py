@@ -21,9 +21,10 @@ def _meta(config_cls: str, **kw):
 
 def test_layout_boxes_are_int_coordinates_of_the_position_tables():
     # LayoutLMv3 looks each coordinate up in tables of max_2d_position_embeddings (1024) rows: int64 in 0-1000
+    # (its image of ``input_size`` 224 comes with them: tests/test_hf_inputs_int.py)
     model = _meta("LayoutLMv3Config", **TEXT, coordinate_size=4, shape_size=8)
     kwargs, said = infer_hf_inputs(model)
-    assert said == "input_ids int64 (2, 16), bbox int64 (2, 16, 4)"
+    assert said == "input_ids int64 (2, 16), pixel_values float (2, 3, 224, 224), bbox int64 (2, 16, 4)"
     box = kwargs["bbox"]
     assert int(box.min()) >= 0 and int(box.max()) <= 1000
     assert bool((box[..., 2] >= box[..., 0]).all()) and bool((box[..., 3] >= box[..., 1]).all())

@@ -85,13 +85,19 @@ def _text_ids(config: Any) -> torch.Tensor:
     return _ids(min(int(vocab), 100))
 
 
+#: config keys that count the codebooks (token streams) of an audio-token model (Bark's fine model:
+#: ``n_codes_total``)
+CODEBOOK_KEYS = ("num_codebooks", "n_codes_total")
+
+
 def _token_ids(config: Any) -> Iterator[torch.Tensor]:
-    """Token-id candidates: ``(B, S)``; for a model over several codebooks (``num_codebooks`` K in the
+    """Token-id candidates: ``(B, S)``; for a model over several codebooks (K, :data:`CODEBOOK_KEYS` of the
     config) also the multi-stream layouts of transformers' audio-token models: ``(B, S, K + 1)`` (Kyutai
-    STT: the text stream and K audio streams), ``(B, K, S)`` (Moshi-style), ``(B * K, S)`` (MusicGen)."""
+    STT: the text stream and K audio streams; Bark's fine model embeds its first K, ``input_ids[:, :, i]``),
+    ``(B, K, S)`` (Moshi-style), ``(B * K, S)`` (MusicGen)."""
     ids = _text_ids(config)
     yield ids
-    k = cfg_value(config, ("num_codebooks",), _TEXT + _AUDIO)
+    k = cfg_value(config, CODEBOOK_KEYS, _TEXT + _AUDIO)
     if _is_int(k) and k <= 64:
         vocab = min(int(cfg_value(config, ("vocab_size",), _TEXT, 100)), 100)
         yield _ids(vocab, (BATCH, SEQ, int(k) + 1))
@@ -559,6 +565,26 @@ def _with_suffix_builders(params: dict[str, inspect.Parameter],
             builders[name] = builders[kind]
 
 
+#: values tried, first choice first, for a required ``int`` parameter of ``forward`` (an index into the
+#: model's own tables: Bark's fine model predicts codebook ``codebook_idx``, refuses 0, the coarse model's,
+#: and picks ``lm_heads[codebook_idx - n_codes_given]``); a meta forward keeps the first the model accepts
+INT_CANDIDATES = (1, 0)
+
+
+def _is_int_annotation(param: inspect.Parameter) -> bool:
+    return param.annotation is int or param.annotation == "int"
+
+
+def _with_int_builders(params: dict[str, inspect.Parameter],
+                       builders: dict[str, Callable[[Any], Iterator[Any]]]) -> None:
+    """Give each required ``int`` parameter of ``forward`` no builder knows the :data:`INT_CANDIDATES`, in
+    place: without it such a model gets no inputs at all (Bark's fine model, whose ``main_input_name`` is
+    its int ``codebook_idx``). The candidates are plain ints, passed as such (export keeps them constant)."""
+    for name in _required(params):
+        if name not in builders and _is_int_annotation(params[name]):
+            builders[name] = lambda config: iter(INT_CANDIDATES)
+
+
 def _main_input_name(model: Any) -> Optional[str]:
     """``model.main_input_name``: a string, or for a model with several main inputs (transformers allows a
     list: OneFormer's ``["pixel_values", "task_inputs"]``) the first of them; None when there is none."""
@@ -698,9 +724,11 @@ def _wanted(model: nn.Module, config: Any, params: dict[str, inspect.Parameter],
 
 def _has_modality(config: Any, name: str) -> bool:
     """Whether the config describes the tower that takes ``name`` (a vision sub-config, a text vocabulary)."""
-    if name == "pixel_values":  # a vision sub-config, or image sizes in the config itself (ViLT)
+    if name == "pixel_values":  # a vision sub-config, or image sizes in the config itself (ViLT; LayoutLMv3's
+        # ``input_size``: without its image, the patch embedding's LayerNorm and ``norm`` never ran)
         return (any(getattr(config, s, None) is not None for s in _VISION)
-                or all(getattr(config, k, None) is not None for k in ("image_size", "patch_size")))
+                or (getattr(config, "patch_size", None) is not None
+                    and any(getattr(config, k, None) is not None for k in _IMAGE_SIZE_KEYS)))
     if name in ("input_features", "input_values"):
         return any(getattr(config, s, None) is not None for s in _AUDIO_TOWERS)
     if name == "pixel_values_videos":
@@ -709,11 +737,17 @@ def _has_modality(config: Any, name: str) -> bool:
 
 
 def _describe(kwargs: dict[str, Any]) -> str:
-    def one(k: str, v: torch.Tensor) -> str:
+    def one(k: str, v: Any) -> str:
+        if not isinstance(v, torch.Tensor):
+            return f"{k} = {v!r}"
         kind = "int64" if v.dtype == torch.int64 else "bool" if v.dtype == torch.bool else "float"
         return f"{k} {kind} {tuple(v.shape)}"
 
-    return ", ".join(one(k, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor))
+    return ", ".join(one(k, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor) or _is_plain_int(v))
+
+
+def _is_plain_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def infer_hf_inputs(model: nn.Module) -> Optional[tuple[Any, str]]:
@@ -737,6 +771,7 @@ def infer_hf_inputs(model: nn.Module) -> Optional[tuple[Any, str]]:
         if key in params:
             builders.update(variant)
     _with_suffix_builders(params, builders)
+    _with_int_builders(params, builders)
     _with_renamed_main(model, params, builders)
     _with_width_inputs(model, params, builders)
     names = _wanted(model, config, params, builders, extras)
@@ -883,7 +918,7 @@ _DATA_DEPENDENT_ON_META = ("meta tensor", "a correct data-independent implementa
 def _runs_on_meta(model: nn.Module, params: dict, kwargs: dict[str, Any]) -> bool:
     import warnings
 
-    meta = {k: v.to("meta") for k, v in kwargs.items()}
+    meta = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     meta.update(forward_kwargs(params))
     try:
         with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
