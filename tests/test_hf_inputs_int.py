@@ -83,3 +83,15 @@ def test_an_image_size_named_input_size_brings_the_image(rules):
     assert graphed == ["LayerNorm", "embeddings.LayerNorm", "encoder.layer.0.attention.output.LayerNorm",
                        "encoder.layer.0.output.LayerNorm", "encoder.layer.1.attention.output.LayerNorm",
                        "encoder.layer.1.output.LayerNorm", "norm"]
+
+
+def test_token_ids_stay_inside_a_wrapped_models_vocabulary():
+    # FastSpeech2ConformerWithHifiGanConfig holds its text model as ``model_config`` (vocab_size 78 in the
+    # defaults); without it the default vocabulary of 100 gave ids the embedding refused (IndexError)
+    from normaudit.target.inputs import _text_ids
+
+    cfg = transformers.PretrainedConfig()
+    cfg.model_config = transformers.PretrainedConfig(vocab_size=40)
+    torch.manual_seed(0)
+    ids = torch.cat([_text_ids(cfg) for _ in range(20)])
+    assert tuple(ids.shape) == (40, 16) and int(ids.max()) < 40 and int(ids.max()) >= 30

@@ -33,7 +33,9 @@ SAMPLES = 3200
 #: spectrogram frames of a (B, frames, features) input (speech_to_text subsamples by 4)
 FRAMES = 64
 
-_TEXT = ("text_config",)
+#: sub-configs that hold the text model: ``model_config``, the model a wrapper config holds beside its vocoder
+#: (FastSpeech2 + HiFi-GAN: its 78-token ``vocab_size`` lies there; the default 100 overran the embedding)
+_TEXT = ("text_config", "model_config")
 _VISION = ("vision_config", "image_config", "video_config")
 _AUDIO = ("audio_config", "speech_config", "encoder_config", "asr_config", "semantic_model_config")
 #: sub-configs whose presence says the model has an audio tower (``encoder_config`` alone does not)
