@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Union
 import torch
 from torch import nn
 
+from normaudit.render.text import ROOT_LABEL
 from normaudit.report import SEVERITY_RANK, Report
 
 __all__ = ["assert_norms_ok", "format_findings"]
@@ -39,7 +40,7 @@ def format_findings(report: Report, fail_on: str = "info") -> str:
         if SEVERITY_RANK[f.severity] < floor:
             continue
         where = f" ({f.source.file}:{f.source.line})" if f.source is not None and f.source.line else ""
-        lines.append(f"{f.rule_id} {f.severity} {f.module or '<root>'}: {f.message}{where}")
+        lines.append(f"{f.rule_id} {f.severity} {f.module or ROOT_LABEL}: {f.message}{where}")
         if f.fix:
             lines.append(f"    fix: {f.fix}")
     return "\n".join(lines)

@@ -42,6 +42,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from normaudit.render.text import ROOT_LABEL
+
 Phase = Literal["forward", "backward"]
 Action = Literal["record", "warn", "raise"]
 MAX_PROPAGATORS = 20
@@ -78,7 +80,7 @@ class NonFiniteEvent(BaseModel):
     def __str__(self) -> str:
         what = {"module": "produced by", "weights": "produced by non-finite weights of", "input": "already in the inputs of",
                 "loss": "already in the gradient of the model outputs (the loss)"}[self.cause]
-        where = f" {self.module or '<root>'} ({self.class_name})" if self.cause != "loss" else ""
+        where = f" {self.module or ROOT_LABEL} ({self.class_name})" if self.cause != "loss" else ""
         parts = [f"normaudit: non-finite value at step {self.step} in {self.phase}: {what}{where}"]
         if self.input_absmax is not None:
             parts.append(f"inputs' abs-max {self.input_absmax:.4g}")

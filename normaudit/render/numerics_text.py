@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from normaudit.render.text import ROOT_LABEL
 from normaudit.report import Report
 
 
@@ -17,7 +18,7 @@ def _backward_summary(n) -> str:
     one, or that every gradient is finite."""
     if n.grad_first_nonfinite is None and not n.grad_nonfinite_param_count:
         return f"loss {_g(n.loss)}, no non-finite gradient"
-    where = (f"first non-finite gradient at {n.grad_first_nonfinite or '<root>'}"
+    where = (f"first non-finite gradient at {n.grad_first_nonfinite or ROOT_LABEL}"
              if n.grad_first_nonfinite is not None else "no module output with a non-finite gradient")
     return f"loss {_g(n.loss)}, {where}, {n.grad_nonfinite_param_count} parameter(s) with non-finite gradients"
 
@@ -37,7 +38,7 @@ def numerics_lines(report: Report) -> list[str]:
         lines.append("  no inf or NaN in the forward")
     else:
         p = n.producer
-        lines.append(f"  first non-finite value: {p.module or '<root>'} ({p.class_name}): {p.cause}")
+        lines.append(f"  first non-finite value: {p.module or ROOT_LABEL} ({p.class_name}): {p.cause}")
         if n.first_nan and n.first_nan != p.module:
             lines.append(f"  first NaN: {n.first_nan}")
         if n.propagator_count:

@@ -148,7 +148,7 @@ def module_span(modules: list[str]) -> str:
     """
     unique = list(dict.fromkeys(modules))
     if len(unique) == 1:
-        return unique[0] or "<root>"
+        return unique[0] or ROOT_LABEL
     buckets: dict[tuple[str, ...], list[list[str]]] = {}
     for m in unique:
         parts = m.split(".")
@@ -187,6 +187,9 @@ def merge_numbers(texts: list[str]) -> str:
 #: ``probe`` variable). The probe runs the model once: a site it did not reach (the model failed earlier)
 #: has no clause, so the clause is not part of the grouping key (:func:`group_findings`).
 PROBE_CLAUSE = "; size probe: "
+#: how every format names the root module (module path ""): text, concise and github annotations as markdown
+#: (render/markdown.py) and SARIF logical locations (render/sarif.py) do
+ROOT_LABEL = "(root)"
 
 
 def _split_probe(text: Optional[str]) -> tuple[Optional[str], str]:
@@ -233,7 +236,7 @@ def group_findings(findings: list[Finding]) -> list[FindingGroup]:
     for members in groups.values():
         first = members[0]
         if len(members) == 1:
-            out.append(FindingGroup(findings=members, label=first.module or "<root>", message=first.message,
+            out.append(FindingGroup(findings=members, label=first.module or ROOT_LABEL, message=first.message,
                                     fix=first.fix))
             continue
         label = module_span([f.module for f in members])
@@ -271,7 +274,7 @@ def _table(rows: list[list[str]], header: list[str]) -> list[str]:
 
 
 def _site_row(s: Site) -> list[str]:
-    module = s.module or "<root>"
+    module = s.module or ROOT_LABEL
     if s.call_index:
         module += f" #{s.call_index + 1}"
     stats = (s.formula.stats_dtype if s.formula is not None and s.formula.stats_dtype else s.compute_dtype)
@@ -286,7 +289,7 @@ def _num(v: Optional[float]) -> str:
 def _weights_row(s: Site) -> list[str]:
     w = s.weights
     assert w is not None
-    module = s.module or "<root>"
+    module = s.module or ROOT_LABEL
     if s.call_index:
         module += f" #{s.call_index + 1}"
     shape = "x".join(map(str, w.shape)) if w.shape else "-"
@@ -423,7 +426,7 @@ def render(report: Report, rules=None, options=None) -> str:
     formulas = {}
     for s in report.sites:
         if s.formula is not None and s.formula.text:
-            formulas.setdefault(s.formula.text, []).append(s.module or "<root>")
+            formulas.setdefault(s.formula.text, []).append(s.module or ROOT_LABEL)
     if formulas:
         lines.append("")
         lines.append("formulas:")
