@@ -629,3 +629,29 @@ def test_checkpoint_only_target_layouts(tmp_path, layout):
     assert report.target.kind == "checkpoint"
     assert [(s.module, s.kind) for s in report.sites] == [("a.norm", "RMSNorm"), ("b.ln_f", "LayerNorm")]
     assert [(f.rule_id, f.module, f.severity) for f in report.findings] == [("NC103", "b.ln_f", "error")]
+
+
+def _concise_nc104(capsys, path: Path) -> list[str]:
+    """The NC104 lines of ``normaudit PATH --format concise --isolated`` (in-process)."""
+    from normaudit.cli import main
+
+    main([str(path), "--isolated", "--format", "concise"])
+    return [ln.split(": ", 1)[1] for ln in capsys.readouterr().out.splitlines() if " NC104 " in ln]
+
+
+def test_nc104_on_a_checkpoint_alone_names_no_class_and_counts_finite_gains(tmp_path, capsys):
+    """NC104 (all-zero gains) on a checkpoint inspected without model code: the sentence's subject is "this
+    norm", not the placeholder class "(checkpoint)"; with a NaN among the zeros (NC103 reports it) the
+    statistics are over finite values, so the message says "every finite gain"."""
+    zeros = tmp_path / "zeros.safetensors"
+    save_file({"ln.weight": torch.zeros(32), "ln.bias": torch.zeros(32)}, str(zeros))
+    assert _concise_nc104(capsys, zeros) == [
+        "NC104 [info] ln: every gain in the checkpoint is 0 (ln.weight): this norm outputs its bias for every "
+        "input (if the norm scales by weight; a (1 + weight) norm would be the identity gain)"]
+    nan = torch.zeros(32)
+    nan[3] = float("nan")
+    one_nan = tmp_path / "one_nan.safetensors"
+    save_file({"ln.weight": nan}, str(one_nan))
+    assert _concise_nc104(capsys, one_nan) == [
+        "NC104 [info] ln: every finite gain in the checkpoint is 0 (ln.weight): this norm outputs 0 for every "
+        "input (if the norm scales by weight; a (1 + weight) norm would be the identity gain)"]
