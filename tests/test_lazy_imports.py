@@ -130,3 +130,22 @@ def test_hf_build_in_normaudits_process_runs_neither_and_both_still_work(tmp_pat
     assert out["model"] == "LlamaModel"
     assert out["lsa"] == [[0, 1, 2], [1, 0, 2]]
     assert out["boto3"] and out["after"] == "module"
+
+
+#: normaudit used as a library (run_audit in the caller's process) defers nothing.
+LIBRARY = """\
+import sys
+from normaudit.audit import AuditOptions, run_audit
+report = run_audit(AuditOptions(target=sys.argv[1]), None)
+print(",".join(s.module for s in report.sites), sorted(m for m, v in list(sys.modules.items()) if type(v).__name__ == "DeferredModule"))
+"""
+
+
+def test_library_use_defers_nothing(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    tiny = ROOT / "tests" / "fixtures" / "cli" / "tiny.py"
+    proc = subprocess.run([sys.executable, "-c", LIBRARY, str(tiny)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sites, deferred = proc.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert sites == "layers.0.norm,layers.1.norm,final" and deferred == "[]"
