@@ -8,7 +8,8 @@ or as Ray tasks (``--executor ray``), results handed on in the targets' order.
   own ``--timeout``); a crash or timeout of one is that target's error and the others go on. Before the first
   fork, the parent defers the optional heavy imports transformers makes at start-up
   (:data:`normaudit.lazy_imports.DEFERRED`: boto3, scipy.optimize), then imports torch, ``torch._dynamo`` (``FakeTensorMode`` imports ``torch._dynamo.config``, which
-  loads all of dynamo: about 2 s that each worker would otherwise pay again) and, for Hugging Face targets,
+  loads all of dynamo: about 2 s that each worker would otherwise pay again), ``torch.export._trace`` (imported
+  by torch.export on its first call: ~0.25 s of CPU per worker) and, for Hugging Face targets,
   transformers and the modelling module of each ``model_type`` that several targets share
   (:func:`shared_model_types`).
 - Ray executor: the same per-target work (:func:`audit_target`) as Ray tasks, one process per task
@@ -149,6 +150,7 @@ def prewarm(targets: list[str]) -> None:
 
     if not all(_looks_checkpoint(t) for t in targets):
         import torch._dynamo  # noqa: F401
+        import torch.export._trace  # noqa: F401 - torch.export imports it on its first call: ~0.3 s per worker
     if any(_looks_hf(t) for t in targets):
         from normaudit.target.hf import _transformers
 

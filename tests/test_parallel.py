@@ -166,6 +166,29 @@ def test_prewarm_imports_the_modelling_module_of_a_model_type_two_targets_share(
     assert not any("bert" in m for m in imported)  # one target only: its worker imports it, no gain here
 
 
+#: In a fresh process: prewarm the targets given, then print whether torch.export's tracer was imported.
+PREWARM_EXPORT = ("import sys; from normaudit.runner import prewarm; prewarm(sys.argv[1:]); "
+                  "print('torch.export._trace' in sys.modules)")
+
+
+@pytest.mark.parametrize("kind, expected", [("model.py", "True"), ("weights.safetensors", "False")])
+def test_prewarm_imports_the_export_tracer_for_model_targets_only(tmp_path, kind, expected):
+    """torch.export imports ``torch.export._trace`` on its first call (~0.3 s of CPU): the parent imports it
+    before the forks for any target that is captured (a model file), so each worker does not import it again;
+    a checkpoint-only run captures nothing and imports no tracer."""
+    import os
+    import subprocess
+    import sys
+
+    target = tmp_path / kind
+    target.write_text("")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", PREWARM_EXPORT, str(target)], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == expected
+
+
 def test_imports_before_the_fork_run_with_the_collector_off_and_land_in_the_oldest_generation():
     """``collection_paused`` (the parent's imports before the forks, issue 14): no collection runs inside, the
     objects made inside are in generation 2 afterwards (no collection has to walk them as young ones) and the
