@@ -428,3 +428,25 @@ def test_filled_level_gives_a_padding_id_the_defaults_leave_none():
     assert targets.shrink_config_dict(base, "filled")["pad_token_id"] == 1
     assert targets.shrink_config_dict(base, "small")["pad_token_id"] is None
     assert targets.shrink_config_dict({**base, "pad_token_id": 0}, "filled")["pad_token_id"] == 0
+
+
+def test_long_context_is_cut_to_a_multiple_of_the_patch_length():
+    # TimesFM-2.5: context_length 16384 (the past_values length both forwards build) -> 512 = 16 patches of 32
+    d = targets.shrink_config_dict({"hidden_size": 1280, "num_hidden_layers": 20, "context_length": 16384,
+                                    "patch_length": 32, "max_position_embeddings": 16384})
+    assert (d["context_length"], d["patch_length"], d["max_position_embeddings"]) == (512, 32, 16384)
+    assert targets.shrink_config_dict({"hidden_size": 1280, "context_length": 16384}, "layers")["context_length"] == 512
+    # TimesFM-1's 512 and RWKV's 1024 are left
+    assert targets.shrink_config_dict({"hidden_size": 1280, "context_length": 1024})["context_length"] == 1024
+    assert targets.shrink_config_dict({"context_length": 16384}, "default")["context_length"] == 16384
+
+
+def test_depth_derived_from_a_per_stack_count_keeps_its_ratio():
+    # HRM-Text: num_hidden_layers = num_layers_per_stack * H_cycles * (L_cycles + 1) = 16 * 2 * 4 = 128
+    base = {"hidden_size": 1024, "num_hidden_layers": 128, "num_layers_per_stack": 16, "H_cycles": 2,
+            "L_cycles": 3}
+    d = targets.shrink_config_dict(base)
+    assert (d["num_layers_per_stack"], d["num_hidden_layers"], d["H_cycles"], d["L_cycles"]) == (2, 16, 2, 3)
+    # a per-stack count that does not divide the depth is no such relation: only the depth is cut
+    d = targets.shrink_config_dict({"num_hidden_layers": 30, "num_layers_per_stack": 16})
+    assert (d["num_hidden_layers"], d["num_layers_per_stack"]) == (2, 16)

@@ -200,7 +200,8 @@ def shrink_config_dict(d: dict[str, Any], level: str = "small") -> dict[str, Any
 
     ``level`` is one of :data:`SHRINK_LEVELS`. Nested sub-config dicts (``text_config``, ``vision_config``,
     ``audio_config``, ``encoder``, ``decoder``...) are shrunk the same way. Image sizes, patch sizes, mel
-    bins and sampling rates are kept (they tie to each other); only widths, depths and counts shrink.
+    bins and sampling rates are kept (they tie to each other); widths, depths, counts and a long
+    ``context_length`` shrink.
     """
     d = copy.deepcopy(d)
     if d.get("prediction_length", 0) is None:  # time-series configs have no default horizon
@@ -230,15 +231,53 @@ def shrink_config_dict(d: dict[str, Any], level: str = "small") -> dict[str, Any
         d[key] = new
         _truncate_per_layer(d, old, new)
     if layer_keys:
+        _fit_stack_depth(d, layer_keys, base_depths)
         _fit_layer_indices(d)
         _fit_index_lists(d, max(base_depths))
         _fit_layer_counts(d, max(base_depths))
+    _fit_context_length(d)
     if level == "layers":
         return d
     _shrink_widths(d, *WIDTHS[level])
     _shrink_lists(d)
     fit_placeholder_tokens(d)
     return d
+
+
+_PER_STACK = re.compile(r"^(num|n)_layers_per_stack$")
+
+
+def _fit_stack_depth(d: dict[str, Any], layer_keys: list[str], base_depths: list[int]) -> None:
+    """A depth the config derives from a per-stack count keeps its ratio to it: HRM-Text's ``__post_init__``
+    rewrites ``num_hidden_layers`` to ``num_layers_per_stack * H_cycles * (L_cycles + 1)`` (16 * 2 * 4 = 128,
+    one cache slot per attention call of the recurrent forward) and a saved config carries both. The depth
+    alone cut to 2 left 16 blocks per stack and 2 cache slots (every level: ``IndexError: list index out of
+    range`` in the forward, audited with 16 blocks per stack); now the stack is cut to :data:`LAYERS` and the
+    depth to ``LAYERS * 128 / 16`` = 16. ``d``: the dict after the depth cut (changed in place)."""
+    for key, value in list(d.items()):
+        if not (_PER_STACK.match(key) and _is_int(value) and value > LAYERS):
+            continue
+        for depth_key, old in zip(layer_keys, base_depths):
+            if depth_key != key and old % value == 0 and old // value > 1:
+                d[key], d[depth_key] = LAYERS, LAYERS * (old // value)
+
+
+#: the longest context (time steps) a forecaster's shrunk ``context_length`` keeps
+CONTEXT = 512
+_PATCH_LENGTH = re.compile(r"^(patch_length|patch_len|input_patch_len|patch_size)$")
+
+
+def _fit_context_length(d: dict[str, Any]) -> None:
+    """A ``context_length`` above 2048 (TimesFM-2.5: 16384, the length of the ``past_values`` both the ground
+    truth and normaudit build from it: 93 s of export) is cut to :data:`CONTEXT`, rounded down to a multiple
+    of the patch length (``patch_length`` 32: the model folds the context into patches). ``d``: one config
+    level, changed in place."""
+    value = d.get("context_length")
+    if not (_is_int(value) and value > 2048):
+        return
+    patch = next((v for k, v in d.items() if _PATCH_LENGTH.match(k) and _is_int(v) and v > 0), 1)
+    if value % patch == 0 and CONTEXT >= patch:
+        d["context_length"] = CONTEXT // patch * patch
 
 
 #: placeholder tokens a multimodal model scatters its image/video/audio features into (``image_token_index``)
