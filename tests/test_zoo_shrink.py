@@ -37,7 +37,7 @@ def test_wide_level_keeps_full_size_heads():
                                     "num_hidden_layers": 80, "head_dim": 128}, "wide")
     assert (d["hidden_size"], d["num_attention_heads"], d["intermediate_size"], d["num_hidden_layers"],
             d["head_dim"]) == (512, 4, 1024, 2, 128)
-    assert targets.SHRINK_LEVELS == ("small", "small3", "wide", "layers", "default", "filled")
+    assert targets.SHRINK_LEVELS == ("small", "small3", "wide", "layers", "pairs", "default", "filled")
 
 
 def test_meta_forward_tells_a_shrink_that_breaks_the_model():
@@ -450,3 +450,32 @@ def test_depth_derived_from_a_per_stack_count_keeps_its_ratio():
     # a per-stack count that does not divide the depth is no such relation: only the depth is cut
     d = targets.shrink_config_dict({"num_hidden_layers": 30, "num_layers_per_stack": 16})
     assert (d["num_hidden_layers"], d["num_layers_per_stack"]) == (2, 16)
+
+
+def test_pairs_level_keeps_two_layers_of_each_kind():
+    # Zamba ties the shared attention block of every "hybrid" layer to the first one: with one hybrid layer
+    # transformers finds no tie target and refuses the build at every 2-layer level
+    kinds = ["mamba"] * 4 + ["hybrid"] + ["mamba"] * 5 + ["hybrid"] + ["mamba"]
+    base = {"hidden_size": 3712, "num_hidden_layers": 12, "layers_block_type": kinds}
+    d = targets.shrink_config_dict(base, "pairs")
+    assert (d["num_hidden_layers"], d["layers_block_type"]) == (4, ["mamba", "mamba", "hybrid", "hybrid"])
+    assert d["hidden_size"] == 64
+    assert targets.shrink_config_dict(base)["layers_block_type"] == ["mamba", "hybrid"]
+    # one kind only: the pairs level is the small one
+    one = {"hidden_size": 3712, "num_hidden_layers": 12, "layer_types": ["full"] * 12}
+    assert targets.shrink_config_dict(one, "pairs") == targets.shrink_config_dict(one)
+
+
+def test_zamba_builds_at_the_pairs_level():
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    cls = transformers.CONFIG_MAPPING["zamba"]
+    config = cls.from_dict(targets.shrink_config_dict(cls().to_dict(), "pairs"))
+    with torch.device("meta"):
+        model = transformers.AutoModel.from_config(config)
+    assert [type(m).__name__ for m in model.layers] == ["ZambaMambaDecoderLayer", "ZambaMambaDecoderLayer",
+                                                        "ZambaHybridLayer", "ZambaHybridLayer"]
+    with pytest.raises(ValueError, match="tie_weights_keys"):
+        with torch.device("meta"):
+            transformers.AutoModel.from_config(cls.from_dict(targets.shrink_config_dict(cls().to_dict())))

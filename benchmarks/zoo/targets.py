@@ -22,8 +22,12 @@ from typing import Any
 #: counts, widths of one 128-wide head per head: rotary sections and head-dim tables written for full-size
 #: heads still fit), "layers" (only depth), "default" (config as is), and, only where none of these builds,
 #: "filled" ("small" with the sizes a library's defaults leave to the checkpoint, ``None``, given test values:
-#: ESM ``vocab_size``, dots1 expert counts, Hunyuan ``head_dim``).
-SHRINK_LEVELS = ("small", "small3", "wide", "layers", "default", "filled")
+#: ESM ``vocab_size``, dots1 expert counts, Hunyuan ``head_dim``). "pairs" (before "default"): "small" with
+#: two layers of each kind of a per-layer list (:func:`_keep_kinds`): a block shared by every layer of one
+#: kind is tied across them, and transformers refuses a tie with no second layer to tie (Zamba's
+#: ``shared_transf``, ``tie_weights_keys`` matching nothing: every other level failed and the 76-layer
+#: default was audited, 134 CPU s).
+SHRINK_LEVELS = ("small", "small3", "wide", "layers", "pairs", "default", "filled")
 
 HIDDEN = 64
 HEADS = 4
@@ -70,24 +74,37 @@ def _max_token_id(d: dict[str, Any]) -> int:
     return best
 
 
-def _truncate_per_layer(d: dict[str, Any], old: int, new: int) -> None:
-    """Cut lists/strings that hold one entry per layer (``layer_types``, hybrid patterns) to ``new``."""
+def _truncate_per_layer(d: dict[str, Any], old: int, new: int, pairs: bool = False) -> None:
+    """Cut lists/strings that hold one entry per layer (``layer_types``, hybrid patterns) to ``new``
+    (:func:`_keep_kinds`; ``pairs``: the "pairs" level)."""
     for key, value in list(d.items()):
         if key in ("id2label", "label2id") or old <= new:
             continue
         per_layer_str = isinstance(value, str) and re.search(r"pattern|layer|block|override", key)
         if (isinstance(value, list) or per_layer_str) and len(value) == old and old > 2:
-            d[key] = _keep_kinds(value, new)
+            d[key] = _keep_kinds(value, new, pairs)
 
 
-def _keep_kinds(value, new: int):
+def _keep_kinds(value, new: int, pairs: bool = False):
     """First ``new`` entries of a per-layer list, every kind of layer kept where ``new`` allows it
-    (``["sliding"] * 5 + ["full"]`` -> ``["sliding", "full"]``: validators want each kind present)."""
+    (``["sliding"] * 5 + ["full"]`` -> ``["sliding", "full"]``: validators want each kind present); with
+    ``pairs`` (the "pairs" level) and ``new`` at least twice the kinds, each kind twice, in order of first
+    appearance (``["mamba", "mamba", "hybrid", "hybrid"]``)."""
     head = list(value[:new])
     kinds = list({repr(v): v for v in value}.values())  # entries may be lists (Moonshine ``sliding_windows``)
+    if pairs and isinstance(value, list) and len(kinds) > 1 and new >= 2 * len(kinds):
+        return [k for k in kinds for _ in (0, 1)] + head[:new - 2 * len(kinds)]
     if isinstance(value, list) and len(kinds) <= new and {repr(v) for v in kinds} - {repr(v) for v in head}:
         head = [kinds[i] if i < len(kinds) else value[0] for i in range(new)]
     return head if isinstance(value, list) else "".join(head)
+
+
+def _pairs_depth(d: dict[str, Any], old: int) -> int:
+    """Depth of the "pairs" level: two layers of each kind of the longest-kinded per-layer list of length
+    ``old`` in ``d`` (0 where there is none)."""
+    kinds = [len({repr(v) for v in value}) for key, value in d.items()
+             if key not in ("id2label", "label2id") and isinstance(value, list) and len(value) == old and old > 2]
+    return 2 * max(kinds, default=0)
 
 
 def _fit_layer_indices(d: dict[str, Any]) -> None:
@@ -220,7 +237,8 @@ def shrink_config_dict(d: dict[str, Any], level: str = "small") -> dict[str, Any
             subs[key], d[key] = value, shrink_config_dict(value, level)
     _keep_text_width(subs, d)
     _keep_named_tower_widths(subs, d)
-    level = "small" if level == "filled" else level
+    pairs = level == "pairs"
+    level = "small" if level in ("filled", "pairs") else level
     if isinstance(d.get("architecture"), str) and "model_args" in d and level in WIDTHS:
         d["model_args"] = dict(timm_model_args(d["architecture"], WIDTHS[level][0]), **(d["model_args"] or {}))
     staged = any(isinstance(d.get(k), list) for k in ("depths", "hidden_sizes", "embed_dims"))
@@ -228,8 +246,9 @@ def shrink_config_dict(d: dict[str, Any], level: str = "small") -> dict[str, Any
     base_depths = [d[k] for k in layer_keys]
     for key in layer_keys:
         old, new = d[key], LAYERS * len(_layer_parts(d, key) or [None])
+        new = max(new, _pairs_depth(d, old)) if pairs else new
         d[key] = new
-        _truncate_per_layer(d, old, new)
+        _truncate_per_layer(d, old, new, pairs)
     if layer_keys:
         _fit_stack_depth(d, layer_keys, base_depths)
         _fit_layer_indices(d)
