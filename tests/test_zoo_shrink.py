@@ -430,6 +430,34 @@ def test_filled_level_gives_a_padding_id_the_defaults_leave_none():
     assert targets.shrink_config_dict({**base, "pad_token_id": 0}, "filled")["pad_token_id"] == 0
 
 
+def test_image_sizes_above_448_are_cut_to_a_multiple_of_patch_and_merge():
+    # Mistral3 / LightOnOCR: 1540 px of 14-px patches, merged 2x2 by a key of the parent config
+    d = {"spatial_merge_size": 2, "vision_config": {"image_size": 1540, "patch_size": 14}}
+    assert targets.shrink_image_sizes(d) == {"spatial_merge_size": 2,
+                                             "vision_config": {"image_size": 224, "patch_size": 14}}
+    assert d["vision_config"]["image_size"] == 1540  # a copy: the level's dict is kept for the fallback
+    # SAM: the vision tower and the prompt encoder stay equal; SAM2's Hiera [h, w] at stem stride 4
+    sam = targets.shrink_image_sizes({"vision_config": {"image_size": 1024, "patch_size": 16},
+                                      "prompt_encoder_config": {"image_size": 1024, "patch_size": 16}})
+    assert (sam["vision_config"]["image_size"], sam["prompt_encoder_config"]["image_size"]) == (224, 224)
+    # SAM's prompt encoder also names its grid (1024 / 16 = 64): it stays image_size // patch_size
+    sam = targets.shrink_image_sizes({"vision_config": {"image_size": 1024, "patch_size": 16},
+                                      "prompt_encoder_config": {"image_size": 1024, "patch_size": 16,
+                                                                "image_embedding_size": 64}})
+    assert sam["prompt_encoder_config"] == {"image_size": 224, "patch_size": 16, "image_embedding_size": 14}
+    sam2 = targets.shrink_image_sizes({"vision_config": {"backbone_config": {
+        "image_size": [1024, 1024], "patch_stride": [4, 4]}}, "prompt_encoder_config": {"image_size": 1024,
+                                                                                        "patch_size": 16}})
+    assert sam2["vision_config"]["backbone_config"]["image_size"] == [224, 224]
+    assert sam2["prompt_encoder_config"]["image_size"] == 224
+    # a unit that does not divide 224: the largest multiple below it (patch 32 x merge 3 = 96 -> 192)
+    assert targets.shrink_image_sizes({"image_size": 960, "patch_size": 32, "merge_size": 3})["image_size"] == 192
+    # an EfficientNet (ALIGN) with no patch: even sizes; sizes up to 448 are left, and the dict itself returned
+    assert targets.shrink_image_sizes({"vision_config": {"image_size": 600}})["vision_config"]["image_size"] == 224
+    small = {"vision_config": {"image_size": 384, "patch_size": 16}, "text_config": {"vocab_size": 1024}}
+    assert targets.shrink_image_sizes(small) is small
+
+
 def test_long_context_is_cut_to_a_multiple_of_the_patch_length():
     # TimesFM-2.5: context_length 16384 (the past_values length both forwards build) -> 512 = 16 patches of 32
     d = targets.shrink_config_dict({"hidden_size": 1280, "num_hidden_layers": 20, "context_length": 16384,
@@ -479,3 +507,22 @@ def test_zamba_builds_at_the_pairs_level():
     with pytest.raises(ValueError, match="tie_weights_keys"):
         with torch.device("meta"):
             transformers.AutoModel.from_config(cls.from_dict(targets.shrink_config_dict(cls().to_dict())))
+
+
+def test_each_level_is_tried_with_its_image_sizes_cut_first():
+    pytest.importorskip("transformers")
+    worker = pytest.importorskip("worker")
+    base = {"hidden_size": 768, "num_hidden_layers": 12, "vision_config": {"image_size": 1024, "patch_size": 16}}
+    tried = [(level, d["vision_config"]["image_size"]) for level, d in worker._level_dicts(base)]
+    assert tried == [("small (images cut)", 224), ("small", 1024), ("small3 (images cut)", 224), ("small3", 1024),
+                     ("wide (images cut)", 224), ("wide", 1024), ("layers (images cut)", 224), ("layers", 1024),
+                     ("default", 1024), ("filled", 1024)]  # "pairs" is "small" here (no per-layer list)
+    # nothing to cut: each level once; "layers" equals "default" where only widths would shrink
+    assert [level for level, _ in worker._level_dicts({"hidden_size": 768, "num_hidden_layers": 12})] == [
+        "small", "small3", "wide", "layers", "default", "filled"]
+    assert [level for level, _ in worker._level_dicts({"hidden_size": 768})] == [
+        "small", "small3", "wide", "layers", "filled"]
+    errors = {}
+    assert worker._level_name("small (images cut)", errors) == "small"
+    assert errors == {"images": "cut to <= 224 px (targets.shrink_image_sizes)"}
+    assert worker._level_name("layers", errors) == "layers"

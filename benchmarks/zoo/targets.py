@@ -216,9 +216,9 @@ def shrink_config_dict(d: dict[str, Any], level: str = "small") -> dict[str, Any
     """Return a copy of a transformers config dict (``config.to_dict()``) shrunk to test sizes.
 
     ``level`` is one of :data:`SHRINK_LEVELS`. Nested sub-config dicts (``text_config``, ``vision_config``,
-    ``audio_config``, ``encoder``, ``decoder``...) are shrunk the same way. Image sizes, patch sizes, mel
-    bins and sampling rates are kept (they tie to each other); widths, depths, counts and a long
-    ``context_length`` shrink.
+    ``audio_config``, ``encoder``, ``decoder``...) are shrunk the same way. Patch sizes, mel bins and
+    sampling rates are kept (they tie to each other); image sizes too (the worker tries each level with
+    :func:`shrink_image_sizes` first); widths, depths, counts and a long ``context_length`` shrink.
     """
     d = copy.deepcopy(d)
     if d.get("prediction_length", 0) is None:  # time-series configs have no default horizon
@@ -297,6 +297,85 @@ def _fit_context_length(d: dict[str, Any]) -> None:
     patch = next((v for k, v in d.items() if _PATCH_LENGTH.match(k) and _is_int(v) and v > 0), 1)
     if value % patch == 0 and CONTEXT >= patch:
         d["context_length"] = CONTEXT // patch * patch
+
+
+#: image sizes above :data:`IMAGE_MAX` pixels are cut to about :data:`IMAGE` (a multiple of their unit)
+IMAGE_MAX = 448
+IMAGE = 224
+_IMAGE_KEYS = ("image_size", "img_size")
+#: ints an image side must be a multiple of: its patch (or a patch stride of the stem), the patch merge
+_IMAGE_UNIT = re.compile(r"^(patch_size|patch_stride|spatial_merge_size|merge_size)$")
+
+
+def _config_levels(d: dict[str, Any], parents: tuple = ()):
+    """``(level, its ancestors)`` for ``d`` and every sub-config dict below it."""
+    yield d, parents
+    for key, value in d.items():
+        if isinstance(value, dict) and key not in ("id2label", "label2id") and all(isinstance(k, str) for k in value):
+            yield from _config_levels(value, parents + (d,))
+
+
+def _image_unit(levels: tuple) -> int:
+    """Least common multiple of the :data:`_IMAGE_UNIT` ints (lists too: ``patch_stride`` ``[4, 4]``) of
+    ``levels`` (the level holding an image size and its ancestors: Mistral3's ``spatial_merge_size`` sits
+    above its ``vision_config``), and 2."""
+    unit = 2
+    for level in levels:
+        for key, value in level.items():
+            if _IMAGE_UNIT.match(str(key)):
+                for v in value if isinstance(value, list) else [value]:
+                    unit = math.lcm(unit, v) if _is_int(v) and v > 0 else unit
+    return unit
+
+
+def shrink_image_sizes(d: dict[str, Any]) -> dict[str, Any]:
+    """Copy of a (shrunk) config dict whose image sizes (:data:`_IMAGE_KEYS`, ints or ``[h, w]``) above
+    :data:`IMAGE_MAX` are cut to the largest multiple of their unit (:func:`_image_unit`) not above
+    :data:`IMAGE` (at least one unit). Each original size maps to one new size everywhere in the config, the
+    unit the lcm over every level that holds it: SAM's ``vision_config`` and ``prompt_encoder_config`` both
+    say 1024 and stay equal (1024 -> 224, 14 patches of 16, one 14-window), Mistral3's 1540 px of 14-px
+    patches merged 2x2 -> 224 (16 patches a side), SAM2's Hiera at stride 4 -> 224 (stages of 56/28/14/7
+    patches, its windows 8/4/14/7 divide each). The ground-truth forward (real tensors on CPU) and the
+    audit's inputs are sized from these keys: at 1024-1540 px that forward alone took 50-60 CPU s. A model
+    whose other keys tie to the size (position-embedding grids) and refuse the cut is caught by the level
+    choice, which then takes the sizes as they were (``worker._choose_level``). Returns ``d`` itself when no
+    size is above :data:`IMAGE_MAX`."""
+    units: dict[int, int] = {}
+    for level, parents in _config_levels(d):
+        for key in _IMAGE_KEYS:
+            value = level.get(key)
+            for size in value if isinstance(value, list) else [value]:
+                if _is_int(size) and size > IMAGE_MAX:
+                    units[size] = math.lcm(units.get(size, 1), _image_unit(parents + (level,)))
+    new = {size: max(unit, IMAGE // unit * unit) for size, unit in units.items() if unit < size}
+    if not new:
+        return d
+    d = copy.deepcopy(d)
+    for level, _ in _config_levels(d):
+        _fit_image_grid(level, new)
+        for key in _IMAGE_KEYS:
+            value = level.get(key)
+            if isinstance(value, list):
+                level[key] = [new.get(v, v) if _is_int(v) else v for v in value]
+            elif _is_int(value):
+                level[key] = new.get(value, value)
+    return d
+
+
+#: patches per side of an image, a size of its own (SAM's prompt encoder: ``image_embedding_size`` 64 of 1024 px)
+_IMAGE_GRID = re.compile(r"^image_embedding_size$")
+
+
+def _fit_image_grid(level: dict[str, Any], new: dict[int, int]) -> None:
+    """A :data:`_IMAGE_GRID` key of a config level whose ``image_size`` is cut (``new``: old size -> new) that
+    was ``image_size // patch_size`` stays so (SAM: 64 -> 14; left at 64, the mask decoder's dense
+    embeddings mismatch the 14 x 14 image embedding, and the level fell back to 1024 px)."""
+    size, patch = level.get("image_size"), level.get("patch_size")
+    if not (_is_int(size) and _is_int(patch) and patch > 0 and size in new):
+        return
+    for key, value in list(level.items()):
+        if _IMAGE_GRID.match(key) and value == size // patch:
+            level[key] = new[size] // patch
 
 
 #: placeholder tokens a multimodal model scatters its image/video/audio features into (``image_token_index``)

@@ -58,9 +58,9 @@ def _level_runs(config, precheck: bool = False) -> tuple[bool, dict[str, Any]]:
     the ground truth: no second build later). Above, only a forward on meta tensors is tried
     (:func:`forward.runs_on_meta`, weaker: a stop on ``.item()`` counts as running, and some meta kernels
     refuse what CPU runs, ``grouped_mm`` in float32), and the ground truth reads "skipped". With ``precheck``
-    (the levels after the first), a meta forward that fails on shapes rules the level out before any real
-    build: a conv net whose last BatchNorm mismatches (EfficientNet's ``hidden_dim``) is not run for real
-    once per level."""
+    (every attempt after the first, the same level without its image cut too), a meta forward that fails on
+    shapes rules the level out before any real build: a conv net whose last BatchNorm mismatches
+    (EfficientNet's ``hidden_dim``) is not run for real once per level."""
     with torch.device("meta"):
         model = build_model(config)
     n_params = sum(p.numel() for p in model.parameters())
@@ -119,6 +119,41 @@ def hf_config(model_type: str):
             added[key[1]] = targets.missing_key_value(base, key[1])
 
 
+#: suffix of an error key: the level was tried with :func:`targets.shrink_image_sizes` and not used
+_IMAGES = " (images cut)"
+
+
+def _level_dicts(base: dict[str, Any]):
+    """``(level name, config dict)`` in the order :func:`_choose_level` tries them: each level of
+    :data:`targets.SHRINK_LEVELS` but "default" and "filled" first with its image sizes cut
+    (:func:`targets.shrink_image_sizes`, named ``"<level> (images cut)"`` where that fails), then as it is:
+    a model whose position-embedding grid or window sizes refuse the smaller image falls back to the sizes
+    it had, at the same level. Where the cut changes nothing, the level is tried once; a level whose dict
+    equals one already tried is left out (it fails the same way: "pairs" where no per-layer list has two
+    kinds is "small"). A level whose widths cannot keep a relation the model checks
+    (:class:`targets.ShrinkMisfit`) is yielded with the error in place of its dict, for the caller to record."""
+    tried: list[dict[str, Any]] = []
+    for level in targets.SHRINK_LEVELS:
+        try:
+            shrunk = targets.shrink_config_dict(base, level)
+        except targets.ShrinkMisfit as err:
+            yield level, err
+            continue
+        cut = shrunk if level in ("default", "filled") else targets.shrink_image_sizes(shrunk)
+        for name, d in ((level + _IMAGES, cut), (level, shrunk)) if cut is not shrunk else ((level, shrunk),):
+            if d not in tried or level == "filled":  # "filled" equal to "small": _choose_level stops there
+                tried.append(d)
+                yield name, d
+
+
+def _level_name(level: str, errors: dict[str, str]) -> str:
+    """The level as recorded (column ``shrink``): the plain level name; where its image sizes were cut,
+    ``errors["images"]`` says so (changed in place)."""
+    if level.endswith(_IMAGES):
+        errors["images"] = "cut to <= %d px (targets.shrink_image_sizes)" % targets.IMAGE
+    return level.removesuffix(_IMAGES)
+
+
 def _choose_level(model_type: str, base: dict[str, Any]):
     """The level choice of :func:`hf_config` for the config dict ``base`` (the config class's defaults).
 
@@ -140,22 +175,24 @@ def _choose_level(model_type: str, base: dict[str, Any]):
     cls = transformers.CONFIG_MAPPING[model_type]
     errors: dict[str, str] = {}
     first_built = None
-    for level in targets.SHRINK_LEVELS:
+    for attempt, (level, shrunk) in enumerate(_level_dicts(base)):
         if level == "filled" and first_built is not None and _fills_nothing(base):
             break  # the defaults build and leave no size to the checkpoint: nothing to fill in
         try:
-            config = targets.model_config(cls.from_dict(targets.shrink_config_dict(base, level)))
+            if isinstance(shrunk, targets.ShrinkMisfit):
+                raise shrunk
+            config = targets.model_config(cls.from_dict(shrunk))
             targets.fill_rope_sections(config)
             if level == "default":
                 with torch.device("meta"):
                     build_model(config)
                 truth = {"fwd_norms": None, "fwd_inputs": "full-size config: no forward"}
             else:
-                ok, truth = _level_runs(config, precheck=level != targets.SHRINK_LEVELS[0])
+                ok, truth = _level_runs(config, precheck=attempt > 0)
                 if ok and truth["fwd_norms"] is None and first_built is not None:
                     break  # only a meta forward judged this larger level: the smaller one built is kept
                 if ok:
-                    return config, level, truth, errors
+                    return config, _level_name(level, errors), truth, errors
                 errors[level] = f"forward: {truth['fwd_inputs'][:200]}"
         except Exception as err:  # noqa: BLE001 - try the next, milder shrink
             errors[level] = f"build: {type(err).__name__}: {' '.join(str(err).split())[:200]}"
@@ -163,7 +200,8 @@ def _choose_level(model_type: str, base: dict[str, Any]):
         if first_built is None:
             first_built = (config, level, truth)
     if first_built is not None:
-        return (*first_built, errors)
+        config, level, truth = first_built
+        return config, _level_name(level, errors), truth, errors
     raise RuntimeError(f"no shrink level builds: {errors.get('default') or list(errors.values())[-1]}")
 
 
