@@ -56,3 +56,13 @@ def test_layoutlmv3_text_forward_runs_at_the_level_chosen():
     with torch.no_grad():
         out = model(input_ids=ids, bbox=box).last_hidden_state
     assert tuple(out.shape) == (2, 16, 96)
+
+
+def test_the_worker_records_a_misfit_level_and_tries_the_next():
+    """The worker's level order (``worker._level_dicts``) hands a misfit level on as its error: "small" of
+    LayoutLMv3's widths is one (no integer parts of hidden 64), "small3" is the first dict tried."""
+    worker = pytest.importorskip("worker")
+    tried = list(worker._level_dicts(LAYOUT))
+    assert tried[0][0] == "small" and isinstance(tried[0][1], targets.ShrinkMisfit)
+    assert tried[1][0] == "small3" and isinstance(tried[1][1], dict)
+    assert (tried[1][1]["hidden_size"], tried[1][1]["coordinate_size"]) == (96, 16)
