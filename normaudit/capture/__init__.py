@@ -530,8 +530,12 @@ def _try_methods(model: nn.Module, fake_args: Any, inputs: Any, mode: FakeTensor
     """Run the capture methods (:func:`_plan`) in the model's own mode, then in eval mode when it was
     training; each attempt is appended to ``attempts`` (labelled with ``note``). Returns ``((gm,
     user_inputs, method, train_pass) or None, the first error in training mode)``; the model is left in
-    the mode of the pass that captured (eval after a failed training pass)."""
+    the mode of the pass that captured (eval after a failed training pass). A training-mode graph that
+    skipped blocks of a stack (:func:`skipped_blocks`) counts as failed; it is returned (its attempt then
+    reads as the success it was) where no eval-mode method captures, or where the first eval-mode graph skips
+    the same blocks (a forward that leaves them out by design in both modes, not at random)."""
     train_error = None
+    held = None  # a training-mode graph that skipped blocks (skipped_blocks): kept where eval captures nothing
     was_training = model.training
     for train_pass in ([True, False] if was_training else [False]):
         if not train_pass:
@@ -557,9 +561,49 @@ def _try_methods(model: nn.Module, fake_args: Any, inputs: Any, mode: FakeTensor
                 if train_pass and train_error is None:
                     train_error = error
                 continue
+            skipped = skipped_blocks(gm, dict(model.named_modules())) if train_pass else []
+            if skipped and held is None:  # layerdrop drawn in Python: the eval pass runs every block
+                error = (f"the training-mode trace skipped {len(skipped)} block(s) of a stack at random "
+                         f"(layerdrop): {', '.join(skipped[:3])}")
+                attempts.append(CaptureAttempt(method=label, ok=False, error=error,
+                                               seconds=round(time.perf_counter() - t0, 3)))
+                held, train_error = (gm, user, method, train_pass, set(skipped)), train_error or error
+                break
+            if held is not None and held[4] <= set(skipped_blocks(gm, dict(model.named_modules()))):
+                break  # the eval graph skips them too (by design, not at random): the training-mode graph stands
             attempts.append(CaptureAttempt(method=label, ok=True, seconds=round(time.perf_counter() - t0, 3)))
             return (gm, user, method, train_pass), train_error
+    if held is not None:
+        attempts[:] = [a if a.error is None or not a.error.startswith("the training-mode trace skipped") else
+                       CaptureAttempt(method=a.method, ok=True, seconds=a.seconds) for a in attempts]
+        return held[:4], None
     return None, train_error
+
+
+def skipped_blocks(gm: fx.GraphModule, modules: dict[str, nn.Module]) -> list[str]:
+    """Paths of the blocks of a stack (children of one ``nn.ModuleList`` of the same class as a sibling that
+    ran) that hold a norm module and in which no node of ``gm`` was computed, while that sibling's nodes are
+    there: what a training-mode forward that skips blocks at random leaves out of the graph. LayerDrop drawn
+    in Python is computed for real while tracing (VITS's text encoder: ``np.random.uniform(0, 1) <
+    layerdrop``, modeling_vits.py:1113-1115; Fan et al. 2019, arXiv 1909.11556), so a norm of a skipped
+    block would be no site. [] for a graph that reached every such block."""
+    from normaudit.capture.ir import module_stack
+    from normaudit.facts.sites import walk_modules
+
+    reached: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op in ("call_module", "call_function", "call_method"):
+            reached.update(module_stack(node, modules))
+    norms = [r.site.module for r in walk_modules(modules) if r.site.module]
+    out: list[str] = []
+    for path, mod in modules.items():
+        if not isinstance(mod, nn.ModuleList):
+            continue
+        kids = [(f"{path}.{name}" if path else name, child) for name, child in mod.named_children()]
+        ran = {type(child) for p, child in kids if p in reached}
+        out += [p for p, child in kids if type(child) in ran and p not in reached
+                and any(n == p or n.startswith(p + ".") for n in norms)]
+    return out
 
 
 def _label(method: str, fixed: dict, consts: dict, lift: bool = False) -> str:
