@@ -71,3 +71,11 @@ def test_skipped_blocks_names_only_norm_holding_blocks_whose_sibling_ran():
     model.eval()
     gm = torch.export.export(model, (torch.randn(2, 8, 16),), strict=False).module()
     assert skipped_blocks(gm, dict(model.named_modules())) == []
+
+
+def test_a_stack_whose_every_block_was_dropped_is_retried_in_eval(rules):
+    """Two layers both dropped (no sibling ran, but the encoder holding them did): the eval graph has them."""
+    report = audit_model(PythonLayerDrop(draws=(0.01, 0.02, 0.03)).train(), (torch.randn(2, 8, 16),), rules=rules)
+    assert [(a.method, a.ok) for a in report.capture.attempts] == [("symbolic_trace", False),
+                                                                   ("symbolic_trace (eval)", True)]
+    assert sorted(s.module for s in report.sites) == ["layers.0.norm", "layers.1.norm", "layers.2.norm", "norm"]

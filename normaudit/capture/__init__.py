@@ -581,9 +581,10 @@ def _try_methods(model: nn.Module, fake_args: Any, inputs: Any, mode: FakeTensor
 
 
 def skipped_blocks(gm: fx.GraphModule, modules: dict[str, nn.Module]) -> list[str]:
-    """Paths of the blocks of a stack (children of one ``nn.ModuleList`` of the same class as a sibling that
-    ran) that hold a norm module and in which no node of ``gm`` was computed, while that sibling's nodes are
-    there: what a training-mode forward that skips blocks at random leaves out of the graph. LayerDrop drawn
+    """Paths of the blocks of a stack (children of one ``nn.ModuleList``) that hold a norm module and in which
+    no node of ``gm`` was computed, while a sibling of the same class has nodes there or the module holding
+    the stack does (every block dropped): what a training-mode forward that skips blocks at random leaves out
+    of the graph. A tower that never ran (its owner has no node) is not such a stack. LayerDrop drawn
     in Python is computed for real while tracing (VITS's text encoder: ``np.random.uniform(0, 1) <
     layerdrop``, modeling_vits.py:1113-1115; Fan et al. 2019, arXiv 1909.11556), so a norm of a skipped
     block would be no site. [] for a graph that reached every such block."""
@@ -601,7 +602,9 @@ def skipped_blocks(gm: fx.GraphModule, modules: dict[str, nn.Module]) -> list[st
             continue
         kids = [(f"{path}.{name}" if path else name, child) for name, child in mod.named_children()]
         ran = {type(child) for p, child in kids if p in reached}
-        out += [p for p, child in kids if type(child) in ran and p not in reached
+        owner = path.rpartition(".")[0]
+        owner_ran = owner in reached or (owner == "" and bool(reached))  # it ran, yet every block was dropped
+        out += [p for p, child in kids if (type(child) in ran or owner_ran) and p not in reached
                 and any(n == p or n.startswith(p + ".") for n in norms)]
     return out
 
