@@ -7,18 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from conftest import audit_model
+from conftest import _Block, audit_model
 from normaudit.capture import skipped_blocks
-
-
-class Layer(nn.Module):
-    def __init__(self, d: int):
-        super().__init__()
-        self.norm = nn.LayerNorm(d, eps=1e-6)
-        self.fc = nn.Linear(d, d)
-
-    def forward(self, x):
-        return x + self.fc(self.norm(x))
 
 
 class PythonLayerDrop(nn.Module):
@@ -26,7 +16,7 @@ class PythonLayerDrop(nn.Module):
 
     def __init__(self, d: int = 16, draws=(0.5, 0.01, 0.7)):
         super().__init__()
-        self.layers = nn.ModuleList([Layer(d) for _ in range(3)])
+        self.layers = nn.ModuleList([_Block(d) for _ in range(3)])
         self.norm = nn.LayerNorm(d, eps=1e-5)
         self.draws, self.layerdrop = draws, 0.1
 
