@@ -588,13 +588,10 @@ def skipped_blocks(gm: fx.GraphModule, modules: dict[str, nn.Module]) -> list[st
     in Python is computed for real while tracing (VITS's text encoder: ``np.random.uniform(0, 1) <
     layerdrop``, modeling_vits.py:1113-1115; Fan et al. 2019, arXiv 1909.11556), so a norm of a skipped
     block would be no site. [] for a graph that reached every such block."""
-    from normaudit.capture.ir import module_stack
+    from normaudit.capture.parts import _under, reached_paths
     from normaudit.facts.sites import walk_modules
 
-    reached: set[str] = set()
-    for node in gm.graph.nodes:
-        if node.op in ("call_module", "call_function", "call_method"):
-            reached.update(module_stack(node, modules))
+    reached = reached_paths(gm, modules)
     norms = [r.site.module for r in walk_modules(modules) if r.site.module]
     out: list[str] = []
     for path, mod in modules.items():
@@ -605,7 +602,7 @@ def skipped_blocks(gm: fx.GraphModule, modules: dict[str, nn.Module]) -> list[st
         owner = path.rpartition(".")[0]
         owner_ran = owner in reached or (owner == "" and bool(reached))  # it ran, yet every block was dropped
         out += [p for p, child in kids if (type(child) in ran or owner_ran) and p not in reached
-                and any(n == p or n.startswith(p + ".") for n in norms)]
+                and any(_under(n, p) for n in norms)]
     return out
 
 

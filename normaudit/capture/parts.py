@@ -336,14 +336,19 @@ def _misses_recorded(sub: Any, path: str, recorded: dict) -> bool:
 
 
 def reached_modules(cap: Any) -> set[str]:
-    """Paths of every module some node of ``cap.gm`` was computed in (its ``nn_module_stack``, or the
-    ``call_module`` target)."""
+    """Paths of every module some node of ``cap.gm`` was computed in (:func:`reached_paths`)."""
+    return reached_paths(cap.gm, cap.modules)
+
+
+def reached_paths(gm: Any, modules: dict[str, nn.Module]) -> set[str]:
+    """Paths of every module of ``modules`` some node of the graph module ``gm`` was computed in (its
+    ``nn_module_stack``, or the ``call_module`` target)."""
     from normaudit.capture.ir import module_stack
 
     out: set[str] = set()
-    for node in cap.gm.graph.nodes:
+    for node in gm.graph.nodes:
         if node.op in ("call_module", "call_function", "call_method"):
-            out.update(module_stack(node, cap.modules))
+            out.update(module_stack(node, modules))
     return out
 
 
