@@ -101,3 +101,45 @@ class _Block(nn.Module):
 
     def forward(self, x):
         return x + self.fc(self.norm(x))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--dump-reports", metavar="DIR", default=None,
+                     help="write every report the suite builds to DIR as <test id>__<hash>.json, checkout paths "
+                          "as <repo>: benchmarks/compare_reports.py compares two such folders")
+
+
+#: the functions that build a report; --dump-reports wraps them
+REPORT_BUILDERS = ("normaudit.audit._build_report", "normaudit.audit.checkpoint_only_report")
+
+
+def pytest_configure(config):
+    """With ``--dump-reports DIR``: every report built during the run (in this process or a worker forked
+    from it) is written to DIR, named by the test that built it."""
+    out = config.getoption("--dump-reports")
+    if not out:
+        return
+    import functools
+    import hashlib
+    import importlib
+    import os
+    import re
+
+    os.makedirs(out, exist_ok=True)
+
+    def dumping(build):
+        @functools.wraps(build)
+        def wrapper(*args, **kwargs):
+            report = build(*args, **kwargs)
+            test = os.environ.get("PYTEST_CURRENT_TEST", "none").rsplit(" (", 1)[0]
+            text = report.model_dump_json(indent=1).replace(str(ROOT), "<repo>")
+            digest = hashlib.sha1(text.encode()).hexdigest()[:12]
+            name = re.sub(r"[^A-Za-z0-9_.-]+", "_", test)[:180]
+            Path(out, f"{name}__{digest}.json").write_text(text)
+            return report
+        return wrapper
+
+    for dotted in REPORT_BUILDERS:
+        module, _, attr = dotted.rpartition(".")
+        module = importlib.import_module(module)
+        setattr(module, attr, dumping(getattr(module, attr)))

@@ -1,0 +1,114 @@
+"""Compare the JSON reports of two runs of normaudit, timings and paths aside: the oracle of a change that
+means to keep behaviour (a refactor), over every report the test suite builds or every target of a zoo sweep.
+
+usage:
+    python -m pytest -q --dump-reports DIR_A        # at the commit before (tests/conftest.py writes the reports)
+    python -m pytest -q --dump-reports DIR_B        # at the commit after
+    python benchmarks/compare_reports.py DIR_A DIR_B [--show N]
+
+    python benchmarks/compare_reports.py SWEEP_A SWEEP_B     # two `benchmarks/zoo/sweep.py --out` folders
+
+A dump folder holds ``<test id>__<content hash>.json`` files (one per report a test built); a sweep folder
+holds ``targets/<corpus>/<name>/report.json``. Reports are compared after :func:`normalise`: seconds set to 0,
+temporary and checkout paths replaced by placeholders. Dumps are matched by test id (a test may build several
+reports: compared as a multiset), sweeps by target. Prints the counts, then a unified diff of the first
+``--show`` differing reports. Exit 0 when every report has an identical twin, 1 otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import difflib
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+_SECONDS = re.compile(r'"seconds":\s*-?[0-9.eE+-]+')
+_TMP = re.compile(r"/tmp/pytest-of-[^/]+/pytest-\d+/")
+_ADDRESS = re.compile(r"0x[0-9a-f]{6,}")
+
+
+def normalise(text: str, root: Path) -> str:
+    """The report text with what differs between two runs of the same code blanked: seconds, pytest's
+    temporary folders, the folder compared (a sweep's ``--out``) and object addresses."""
+    text = _SECONDS.sub('"seconds": 0', text)
+    text = _TMP.sub("<tmp>/", text)
+    text = text.replace(str(root.resolve()), "<root>")
+    text = _ADDRESS.sub("0x?", text)
+    return text
+
+
+def _pretty(text: str) -> str:
+    try:
+        return json.dumps(json.loads(text), indent=1, sort_keys=True)
+    except ValueError:
+        return text
+
+
+def load(folder: Path) -> dict[str, list[str]]:
+    """``{key: [normalised report text, ...]}``: a sweep's reports by ``corpus/name``, a dump's by test id."""
+    out: dict[str, list[str]] = collections.defaultdict(list)
+    sweep = sorted(folder.glob("targets/*/*/report.json"))
+    if sweep:
+        for path in sweep:
+            out[f"{path.parent.parent.name}/{path.parent.name}"].append(
+                _pretty(normalise(path.read_text(errors="replace"), folder)))
+        return out
+    for path in sorted(folder.glob("*.json")):
+        key = path.stem.rpartition("__")[0] or path.stem
+        out[key].append(_pretty(normalise(path.read_text(errors="replace"), folder)))
+    return out
+
+
+def compare(a: dict[str, list[str]], b: dict[str, list[str]]) -> tuple[dict[str, int], list[tuple[str, str, str]]]:
+    """Counts (keys in both, identical, differing, only before, only after) and the differing pairs
+    ``(key, before, after)`` (per key, the reports without an identical twin, paired in order)."""
+    counts = collections.Counter()
+    pairs: list[tuple[str, str, str]] = []
+    for key in sorted(set(a) | set(b)):
+        if key not in b:
+            counts["only before"] += 1
+            continue
+        if key not in a:
+            counts["only after"] += 1
+            continue
+        counts["keys in both"] += 1
+        left, right = collections.Counter(a[key]), collections.Counter(b[key])
+        lost, gained = sorted((left - right).elements()), sorted((right - left).elements())
+        if not lost and not gained:
+            counts["identical"] += 1
+            continue
+        counts["differing"] += 1
+        for i in range(max(len(lost), len(gained))):
+            pairs.append((key, lost[i] if i < len(lost) else "", gained[i] if i < len(gained) else ""))
+    return dict(counts), pairs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("before", type=Path)
+    parser.add_argument("after", type=Path)
+    parser.add_argument("--show", type=int, default=5, help="diffs to print (default 5)")
+    parser.add_argument("--keys", action="store_true", help="list every differing key")
+    args = parser.parse_args(argv)
+    a, b = load(args.before), load(args.after)
+    counts, pairs = compare(a, b)
+    reports = (sum(map(len, a.values())), sum(map(len, b.values())))
+    print(f"reports: {reports[0]} before, {reports[1]} after; " + ", ".join(f"{k}: {v}" for k, v in counts.items()))
+    only = sorted(set(a) ^ set(b))
+    for key in only[:20]:
+        print(f"  only {'before' if key in a else 'after'}: {key}")
+    if args.keys:
+        for key in sorted({p[0] for p in pairs}):
+            print(f"  differs: {key}")
+    for key, left, right in pairs[:args.show]:
+        print(f"--- {key}")
+        diff = difflib.unified_diff(left.splitlines(), right.splitlines(), "before", "after", n=2, lineterm="")
+        print("\n".join(list(diff)[:80]))
+    return 0 if not pairs and not only else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
