@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from normaudit.target.checkpoint import inspect_norm_params, open_checkpoint  # noqa: E402
+from normaudit.loaders.checkpoint import inspect_norm_params, open_checkpoint  # noqa: E402
 
 LAYERS, HIDDEN = 32, 4096
 

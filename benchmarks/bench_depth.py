@@ -32,7 +32,7 @@ import torch
 from transformers import LlamaConfig, LlamaModel
 from normaudit.audit import AuditOptions, build_report
 from normaudit.engine.loader import load_rules
-from normaudit.target import ModelUnderAudit
+from normaudit.loaders import ModelUnderAudit
 hidden, ffn, layers, heads, kv, repeats = json.loads(sys.argv[1])
 rules = load_rules([])
 with torch.device("meta"):

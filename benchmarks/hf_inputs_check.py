@@ -70,7 +70,7 @@ def one(model_type: str) -> dict:
 
     from normaudit.audit import AuditOptions, build_report
     from normaudit.engine.loader import load_rules
-    from normaudit.target import ModelUnderAudit
+    from normaudit.loaders import ModelUnderAudit
 
     try:
         config = shrink(transformers.AutoConfig.for_model(model_type))

@@ -24,9 +24,9 @@ from normaudit.facts.axes import parse_input_axes
 from normaudit.report import (SEVERITY_RANK, CaptureInfo, Finding, ModelFacts, Report, SourceLocation, Summary,
                               TargetInfo)
 from normaudit.suppress import filter_findings
-from normaudit.target.config import is_library, load_config, model_configs
-from normaudit.target import ModelUnderAudit, load_model
-from normaudit.target.inputs import infer_inputs
+from normaudit.loaders.config import is_library, load_config, model_configs
+from normaudit.loaders import ModelUnderAudit, load_model
+from normaudit.loaders.inputs import infer_inputs
 from normaudit.worker import phase
 from normaudit.options import AuditOptions, exit_status  # noqa: F401 - torch-free home (issue 14); imported from here too
 
@@ -49,7 +49,7 @@ def build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule
     ``config.json`` the model was built from; a checkpoint given as the target itself is inspected alone
     (:func:`checkpoint_only_report`).
     """
-    from normaudit.target.checkpoint import open_checkpoint
+    from normaudit.loaders.checkpoint import open_checkpoint
 
     if mua.kind == "checkpoint":
         return checkpoint_only_report(opts, mua, rules)
@@ -76,7 +76,7 @@ INPUT_SEED = 0
 
 
 def _inferred_inputs(model: Any) -> tuple[Any, str]:
-    """:func:`normaudit.target.inputs.infer_inputs` under :data:`INPUT_SEED`, the caller's RNG state kept
+    """:func:`normaudit.loaders.inputs.infer_inputs` under :data:`INPUT_SEED`, the caller's RNG state kept
     (``torch.random.fork_rng``). Raises ValueError as ``infer_inputs`` does."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(INPUT_SEED)
@@ -110,7 +110,7 @@ def _inputs_of(opts: AuditOptions, mua: ModelUnderAudit) -> tuple[Any, Optional[
 def _config_in_force(opts: AuditOptions, mua: ModelUnderAudit, ckpt: Any) -> _ConfigInForce:
     """The config of the audit, first found of: ``opts.config_data``, ``--config``, the checkpoint's config
     (:func:`checkpoint_config_source`, unless the config came from the command line), the model's own
-    (:func:`normaudit.target.config.model_configs`); an empty one with no source when there is none."""
+    (:func:`normaudit.loaders.config.model_configs`); an empty one with no source when there is none."""
     own = model_configs(mua.model)
     own_config = dict(own[0].data) if own else None
     config: dict[str, Any] = {}
@@ -313,7 +313,7 @@ def check_inputs_fit(cap: Any, inputs: Any, dtype: torch.dtype, where: str) -> N
     model's code), no audit can happen: raise UsageError with the cause and the user's line. Failures that
     only fake tensors have (:data:`_FAKE_LIMITS`) are left to the capture warning (NK101)."""
     from normaudit.capture import fake_inputs
-    from normaudit.target.pyfile import user_error
+    from normaudit.loaders.pyfile import user_error
 
     root = cap.root
     tensor = next(iter(list(root.parameters()) + list(root.buffers())), None)
@@ -343,13 +343,13 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 def _library_config(model: Any) -> bool:
     """True when the model is a library's: its class or its ``config`` comes from a library
-    (:func:`normaudit.target.config.is_library`: transformers, diffusers, timm, anything installed)."""
+    (:func:`normaudit.loaders.config.is_library`: transformers, diffusers, timm, anything installed)."""
     cfg = getattr(model, "config", None)
     return is_library(type(model)) or (cfg is not None and is_library(type(cfg)))
 
 
 def own_config_sources(own: list) -> list[ConfigSource]:
-    """The configs the model keeps (:func:`normaudit.target.config.model_configs`) as config sources, each
+    """The configs the model keeps (:func:`normaudit.loaders.config.model_configs`) as config sources, each
     scoped to the submodule keeping it (origin ``library`` for a library's config)."""
     return [ConfigSource("library" if c.library else "model", c.source, dict(c.data), scope=c.path) for c in own]
 
@@ -372,11 +372,11 @@ def checkpoint_config_source(ckpt: Any, mua: ModelUnderAudit, own_config: Option
 
 def checkpoint_only_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule]) -> Report:
     """A checkpoint without model code: its norms found by key name and shape
-    (:func:`normaudit.target.checkpoint.inspect_norm_params`), each a site with ``weights``; kinds are guesses
+    (:func:`normaudit.loaders.checkpoint.inspect_norm_params`), each a site with ``weights``; kinds are guesses
     and nothing is captured (``capture.method`` ``none``)."""
     import math
 
-    from normaudit.target.checkpoint import inspect_norm_params, open_checkpoint
+    from normaudit.loaders.checkpoint import inspect_norm_params, open_checkpoint
 
     path = mua.file or opts.target
     if opts.checkpoint and Path(opts.checkpoint).resolve() != Path(path).resolve():
@@ -430,11 +430,11 @@ def _describe_inputs(inputs: Any) -> list[str]:
 def run_audit(opts: AuditOptions, rules: Optional[dict[str, Rule]] = None) -> Report:
     """Load the target and audit it. Raises UsageError for bad input.
 
-    The target's import folders (:func:`~normaudit.target.pyfile.target_search_paths`) stay on ``sys.path``
+    The target's import folders (:func:`~normaudit.loaders.pyfile.target_search_paths`) stay on ``sys.path``
     for the whole audit, so imports inside ``build_model()``, ``example_inputs()`` or ``forward`` work."""
     if opts.dtype not in DTYPES:
         raise UsageError(f"unknown dtype {opts.dtype!r}; use float32, float16 or bfloat16")
-    from normaudit.target.pyfile import on_sys_path, target_search_paths
+    from normaudit.loaders.pyfile import on_sys_path, target_search_paths
 
     rules = rules if rules is not None else load_rules(opts.rules_dirs)
     with on_sys_path(target_search_paths(opts.target)):  # imports inside build_model()/forward, as at import

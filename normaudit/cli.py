@@ -545,7 +545,7 @@ def _full_capture(args: argparse.Namespace, settings: Any) -> bool:
 
 def _preflight(opts: Any) -> None:
     """Cheap checks of one target's options, before any model is built (bad input fails fast)."""
-    from normaudit.target.config import load_config
+    from normaudit.loaders.config import load_config
 
     if opts.config:
         load_config(opts.config)
@@ -664,7 +664,7 @@ def _cmd_audit(argv: Sequence[str]) -> int:
     the targets (:func:`_audit_targets`) and write the outputs (:func:`_finish_run`); returns the exit status."""
     args = audit_parser().parse_intermixed_args(argv)  # first: --help/--version import nothing more
     from normaudit.settings import discover_settings
-    from normaudit.target.hf import set_offline
+    from normaudit.loaders.hf import set_offline
 
     set_offline()  # never touch the network (Hugging Face targets)
     outputs = plan_outputs(args.output_sequence)
@@ -866,7 +866,7 @@ def _internal_text(exc: BaseException) -> str:
     """``Kind: message`` of an internal error on one line (a worker's error keeps its own kind); also where
     torch itself cannot be imported (the error may be that)."""
     try:
-        from normaudit.target.pyfile import safe_str
+        from normaudit.loaders.pyfile import safe_str
     except ImportError:
         def safe_str(err: BaseException, limit: int) -> str:
             try:

@@ -6,7 +6,7 @@ findings placed:
 
 - the finding's ``source`` line, else a line of a site of the same module (its ``source``, ``definition``,
   ``call``, ``computation``), the first of them that lies in the user's own files
-  (:func:`normaudit.target.pyfile.is_user_file`: never site-packages, the standard library, torch or
+  (:func:`normaudit.loaders.pyfile.is_user_file`: never site-packages, the standard library, torch or
   normaudit); a line inside a torch.nn container statement written out over several lines is the child's
   own line (:meth:`normaudit.suppress.SuppressionIndex.construction`);
 - at the end of that line, after any code and comment; when the line cannot take a comment (it ends in a
@@ -70,7 +70,7 @@ class NoqaResult:
 def check_targets(targets: Iterable[str]) -> None:
     """Raise UsageError for a target that is not a file or directory on disk (``package.module:factory``,
     an in-memory model): ``--add-noqa`` only writes into files the user named or that sit beside them."""
-    from normaudit.target.pyfile import split_target
+    from normaudit.loaders.pyfile import split_target
 
     for spec in targets:
         path = split_target(spec)[0]
@@ -157,7 +157,7 @@ def _finding_line(finding: Finding, report: Report, target: Optional[Path],
     """The first line a suppression of ``finding`` may sit on (:func:`normaudit.suppress._locations`) that
     is in the user's own Python files (for a model-level finding at last the model's class or factory line);
     None when there is none."""
-    from normaudit.target.pyfile import is_user_file
+    from normaudit.loaders.pyfile import is_user_file
 
     locs = [finding.source] if finding.source is not None else []
     for site in report.sites:

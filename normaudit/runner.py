@@ -116,7 +116,7 @@ def ray_task(opts: Any, rules: dict, cwd: str, phase_file: Optional[str] = None)
     phases reached go to ``phase_file`` (:class:`PhaseFile`) when its folder exists here."""
     from normaudit import worker
     from normaudit.lazy_imports import install
-    from normaudit.target.hf import set_offline
+    from normaudit.loaders.hf import set_offline
 
     install()  # the task's process is normaudit's own (max_calls=1)
     set_offline()
@@ -133,7 +133,7 @@ def _looks_hf(target: str) -> bool:
 
 
 def _looks_checkpoint(target: str) -> bool:
-    from normaudit.target import CHECKPOINT_SUFFIXES
+    from normaudit.loaders import CHECKPOINT_SUFFIXES
 
     p = Path(target)
     return p.suffix in CHECKPOINT_SUFFIXES or p.name.endswith(".index.json") or (p.is_dir() and not _looks_hf(target))
@@ -152,7 +152,7 @@ def prewarm(targets: list[str]) -> None:
         import torch._dynamo  # noqa: F401
         import torch.export._trace  # noqa: F401 - torch.export imports it on its first call: ~0.3 s per worker
     if any(_looks_hf(t) for t in targets):
-        from normaudit.target.hf import _transformers
+        from normaudit.loaders.hf import _transformers
 
         try:
             _transformers()  # offline, and transformers.models reuses the scan of its folder (share_models_scan)
@@ -170,7 +170,7 @@ def shared_model_types(targets: list[str]) -> list[str]:
     """The ``model_type`` of the Hugging Face targets that at least two of ``targets`` share (the workers of
     both would each import its modelling module again), most shared first, at most
     :data:`MAX_PREWARMED_TYPES`. A config that cannot be read counts for nothing (its worker reports it)."""
-    from normaudit.target.hf import _read_json
+    from normaudit.loaders.hf import _read_json
 
     counts: dict[str, int] = {}
     for t in targets:
@@ -192,7 +192,7 @@ def _import_modeling(model_type: str) -> None:
     quietly; nothing when transformers does not know the type or the import fails (the worker reports it)."""
     import importlib
 
-    from normaudit.target.hf import _quiet
+    from normaudit.loaders.hf import _quiet
 
     try:
         from transformers.models.auto import configuration_auto

@@ -64,7 +64,7 @@ def assert_norms_ok(model: Union[nn.Module, Callable[[], nn.Module]], example_in
     """
     from normaudit.audit import DTYPES, AuditOptions, build_report, exit_status
     from normaudit.errors import UsageError
-    from normaudit.target import ModelUnderAudit
+    from normaudit.loaders import ModelUnderAudit
 
     if fail_on not in ("error", "warning", "info", "never"):
         raise UsageError(f"fail_on must be error, warning, info or never, not {fail_on!r}")
@@ -74,7 +74,7 @@ def assert_norms_ok(model: Union[nn.Module, Callable[[], nn.Module]], example_in
     if not isinstance(model, nn.Module):
         if not callable(model):
             raise TypeError(f"model must be an nn.Module or a factory returning one, not {type(model).__name__}")
-        from normaudit.target.pyfile import record_origins
+        from normaudit.loaders.pyfile import record_origins
 
         with record_origins(origins):
             model = model()

@@ -143,7 +143,7 @@ def user_code_output():
 
 def _user_location(exc: BaseException) -> tuple[Optional[str], Optional[int]]:
     """The innermost frame of ``exc``'s traceback in user code (file, line), or (None, None)."""
-    from normaudit.target.pyfile import is_user_file
+    from normaudit.loaders.pyfile import is_user_file
 
     found: tuple[Optional[str], Optional[int]] = (None, None)
     for fr in traceback.extract_tb(exc.__traceback__):
@@ -154,7 +154,7 @@ def _user_location(exc: BaseException) -> tuple[Optional[str], Optional[int]]:
 
 def _describe(exc: BaseException, target: str) -> tuple:
     """The message a worker sends for an exception that ended the audit."""
-    from normaudit.target.pyfile import safe_str
+    from normaudit.loaders.pyfile import safe_str
 
     if isinstance(exc, UsageError):
         return ("usage", exc.message, exc.file, exc.line)

@@ -9,7 +9,7 @@ from torch import nn
 
 from normaudit.audit import AuditOptions, build_report, run_audit
 from normaudit.engine.loader import load_rules
-from normaudit.target import ModelUnderAudit
+from normaudit.loaders import ModelUnderAudit
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The reference cases (real public bug reports), copied from ``../shared/cases`` so the suite runs in a

@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 from conftest import _Block, audit_model, site  # noqa: E402
 from normaudit.audit import AuditOptions, build_report  # noqa: E402
 from normaudit.capture.parts import OWN_INPUTS  # noqa: E402
-from normaudit.target import ModelUnderAudit  # noqa: E402
+from normaudit.loaders import ModelUnderAudit  # noqa: E402
 
 OWN = "export" + OWN_INPUTS
 BERT_NORMS = ["text.embeddings.LayerNorm", "text.encoder.layer.0.attention.output.LayerNorm",

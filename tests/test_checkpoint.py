@@ -1,4 +1,4 @@
-"""Checkpoint readers and checkpoint-only norm inspection (normaudit.target.checkpoint)."""
+"""Checkpoint readers and checkpoint-only norm inspection (normaudit.loaders.checkpoint)."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 from normaudit.errors import UsageError
 from normaudit.report import Site
-from normaudit.target.checkpoint import group_weight_stats, inspect_norm_params, open_checkpoint
+from normaudit.loaders.checkpoint import group_weight_stats, inspect_norm_params, open_checkpoint
 
 
 def _header_len(path: Path) -> int:

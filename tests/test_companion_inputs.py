@@ -9,8 +9,8 @@ from torch import nn
 transformers = pytest.importorskip("transformers")
 
 from conftest import audit_model  # noqa: E402
-from normaudit.target.companion_inputs import COMPANION_BUILDERS, COMPANION_VARIANTS  # noqa: E402
-from normaudit.target.inputs import infer_hf_inputs  # noqa: E402
+from normaudit.loaders.companion_inputs import COMPANION_BUILDERS, COMPANION_VARIANTS  # noqa: E402
+from normaudit.loaders.inputs import infer_hf_inputs  # noqa: E402
 
 F, I = torch.float32, torch.int64
 TEXT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)

@@ -9,7 +9,7 @@ from torch import nn
 transformers = pytest.importorskip("transformers")
 
 from conftest import audit_model  # noqa: E402
-from normaudit.target.inputs import infer_hf_inputs  # noqa: E402
+from normaudit.loaders.inputs import infer_hf_inputs  # noqa: E402
 
 TEXT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 

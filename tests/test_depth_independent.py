@@ -20,7 +20,7 @@ from torch import nn
 
 from normaudit.audit import AuditOptions, build_report
 from normaudit.capture import repeats
-from normaudit.target import ModelUnderAudit, load_model
+from normaudit.loaders import ModelUnderAudit, load_model
 
 ROOT = Path(__file__).resolve().parent
 MODEL_FILES = sorted(p for p in (ROOT / "fixtures").rglob("*.py")) + sorted((ROOT / "data" / "cases").glob("*/model.py"))

@@ -148,7 +148,7 @@ def test_checkpoint_config_origin():
     from types import SimpleNamespace
 
     from normaudit.audit import checkpoint_config_source
-    from normaudit.target import ModelUnderAudit
+    from normaudit.loaders import ModelUnderAudit
 
     ckpt = SimpleNamespace(config={"model_type": "bert", "layer_norm_eps": 1e-12},
                            config_source="/w/bert/config.json")

@@ -1,4 +1,4 @@
-"""Where the model keeps its configuration (normaudit.target.config.model_configs), which configs are a
+"""Where the model keeps its configuration (normaudit.loaders.config.model_configs), which configs are a
 library's, what a norm's constructor call passes as eps (normaudit.facts.constructor), and the eps rules on
 real library models (issue 11 item 2; issue 10 NE101, NE102). Rule fixtures are in tests/fixtures/eps/."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch import nn
 from conftest import audit_model, family_rules, load_fixture_module, site
 from normaudit.facts.constructor import constructor_eps, eps_argument
 from normaudit.report import SourceLocation
-from normaudit.target.config import is_library, model_config, model_configs
+from normaudit.loaders.config import is_library, model_config, model_configs
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eps"
 models = load_fixture_module(FIXTURES / "eps_models.py")

@@ -24,10 +24,10 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from normaudit.errors import UsageError  # noqa: E402
-from normaudit.target.checkpoint import inspect_norm_params, open_checkpoint, scan_pickle  # noqa: E402
-from normaudit.target.config import load_config  # noqa: E402
-from normaudit.target.hf import _read_json, check_config_limits, requested_attention  # noqa: E402
-from normaudit.target.safe_read import MAX_NESTING, json_nesting, loads_json, loads_yaml  # noqa: E402
+from normaudit.loaders.checkpoint import inspect_norm_params, open_checkpoint, scan_pickle  # noqa: E402
+from normaudit.loaders.config import load_config  # noqa: E402
+from normaudit.loaders.hf import _read_json, check_config_limits, requested_attention  # noqa: E402
+from normaudit.loaders.safe_read import MAX_NESTING, json_nesting, loads_json, loads_yaml  # noqa: E402
 
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True, database=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

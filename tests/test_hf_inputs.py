@@ -11,7 +11,7 @@ from torch import nn
 transformers = pytest.importorskip("transformers")
 
 from conftest import audit_model  # noqa: E402
-from normaudit.target.inputs import infer_hf_inputs  # noqa: E402
+from normaudit.loaders.inputs import infer_hf_inputs  # noqa: E402
 
 TEXT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 VISION = dict(TEXT, image_size=32, patch_size=8)
@@ -109,7 +109,7 @@ class _FixedSizeViT(nn.Module):
 
 
 def test_declared_input_size_of_a_timm_style_model(rules):
-    from normaudit.target.inputs import declared_input_size, infer_inputs
+    from normaudit.loaders.inputs import declared_input_size, infer_inputs
 
     model = _FixedSizeViT()
     assert declared_input_size(model) == ((3, 48, 48), "pretrained_cfg")
@@ -124,7 +124,7 @@ def test_declared_input_size_of_a_timm_style_model(rules):
 
 
 def test_no_declared_input_size_without_a_valid_cfg():
-    from normaudit.target.inputs import declared_input_size
+    from normaudit.loaders.inputs import declared_input_size
 
     m = nn.Conv2d(3, 4, 3)
     assert declared_input_size(m) is None
@@ -387,7 +387,7 @@ def test_two_stage_detr_without_strides_gets_enough_tokens_for_its_queries():
     # 256 x 256 gives 1024 + 256 + 64 + 16 tokens, 192 x 192 only 765
     from types import SimpleNamespace
 
-    from normaudit.target.inputs import _query_side
+    from normaudit.loaders.inputs import _query_side
 
     assert _query_side(SimpleNamespace(two_stage=True, num_queries=900, num_feature_levels=4)) == 256
     assert _query_side(SimpleNamespace(two_stage=False, num_queries=900, num_feature_levels=4)) == 0
@@ -404,7 +404,7 @@ def test_temporal_patch_named_patch_temporal():
 def test_image_size_of_the_backbone_inside_the_vision_config():
     # SAM2: no image size on the model or vision config; its Hiera backbone's 1024 x 1024 is what the FPN's
     # backbone_feature_sizes (256, 128, 64 a side) are built for
-    from normaudit.target.inputs import _image
+    from normaudit.loaders.inputs import _image
 
     config = transformers.Sam2Config()
     assert config.vision_config.backbone_config.image_size == [1024, 1024]
@@ -446,7 +446,7 @@ class _TwoMainInputs(nn.Module):
 def test_a_list_of_main_input_names_is_no_crash():
     """OneFormer's list-valued main_input_name crashed the input builder (TypeError: unhashable type: 'list',
     exit 3 in the zoo sweep); the first name is the main input."""
-    from normaudit.target.inputs import _main_input_name
+    from normaudit.loaders.inputs import _main_input_name
 
     model = _TwoMainInputs()
     assert _main_input_name(model) == "pixel_values"

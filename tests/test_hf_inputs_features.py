@@ -12,7 +12,7 @@ from torch import nn
 transformers = pytest.importorskip("transformers")
 
 from conftest import audit_model  # noqa: E402
-from normaudit.target.inputs import _forward_params, _runs_on_meta, infer_hf_inputs  # noqa: E402
+from normaudit.loaders.inputs import _forward_params, _runs_on_meta, infer_hf_inputs  # noqa: E402
 
 F, I = torch.float32, torch.int64
 
@@ -112,7 +112,7 @@ def test_trajectory_streams_are_sized_by_state_and_action_dims(rules):
 
 def test_no_trajectory_without_a_state_dim():
     # a forward parameter named ``actions`` on a model whose config has no state_dim gets nothing built
-    from normaudit.target.inputs import TRAJECTORY_BUILDERS
+    from normaudit.loaders.inputs import TRAJECTORY_BUILDERS
 
     cfg = transformers.BertConfig()
     assert [list(b(cfg)) for b in TRAJECTORY_BUILDERS.values()] == [[]] * 5

@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("transformers")
 
 from normaudit.cli import main  # noqa: E402
-from normaudit.target import load_model  # noqa: E402
-from normaudit.target.hf import weight_files  # noqa: E402
+from normaudit.loaders import load_model  # noqa: E402
+from normaudit.loaders.hf import weight_files  # noqa: E402
 
 CONFIGS = {
     "bert": {"model_type": "bert", "architectures": ["BertForMaskedLM"], "hidden_size": 32, "num_hidden_layers": 2,
@@ -124,8 +124,8 @@ def test_directory_without_config_or_weights_is_exit_2(capsys, tmp_path):
 
 
 def test_checkpoint_targets_are_dispatched_to_the_checkpoint_loader(tmp_path, monkeypatch):
-    import normaudit.target as target
-    from normaudit.target import is_checkpoint_path
+    import normaudit.loaders as target
+    from normaudit.loaders import is_checkpoint_path
 
     f = tmp_path / "model.safetensors"
     f.write_bytes(b"")

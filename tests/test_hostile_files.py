@@ -325,7 +325,7 @@ def _hf(tmp_path: Path, data: dict) -> Path:
     ({"attn_implementation": "kernels-community/flash-attn"}, "kernels-community/flash-attn"),
 ])
 def test_flash_attention_config_is_audited_with_sdpa(tmp_path, extra, kernel):
-    from normaudit.target.hf import load_hf_target
+    from normaudit.loaders.hf import load_hf_target
 
     for target in (_hf(tmp_path, dict(TINY_LLAMA, **extra)), tmp_path / "m" / "config.json"):
         mua = load_hf_target(target)
@@ -336,7 +336,7 @@ def test_flash_attention_config_is_audited_with_sdpa(tmp_path, extra, kernel):
 
 
 def test_auto_map_of_a_builtin_model_type_audits_the_builtin_class(tmp_path):
-    from normaudit.target.hf import load_hf_target
+    from normaudit.loaders.hf import load_hf_target
 
     d = _hf(tmp_path, dict(TINY_LLAMA, auto_map={"AutoModel": "modeling_x.XModel"}, architectures=["XModel"]))
     (d / "modeling_x.py").write_text(f"open({str(tmp_path / 'PWNED')!r}, 'w').write('ran')\n")
@@ -352,7 +352,7 @@ def test_bare_config_with_transformers5_special_floats(tmp_path):
     time_step_limit): the bare file builds like its directory."""
     import transformers
 
-    from normaudit.target.hf import load_hf_target
+    from normaudit.loaders.hf import load_hf_target
 
     transformers.Mamba2Config(hidden_size=64, num_hidden_layers=2, vocab_size=100, num_heads=4, head_dim=32,
                               n_groups=1, state_size=16).save_pretrained(tmp_path)
@@ -383,7 +383,7 @@ _NOT_REAL = " (no real model has as many; building it would not finish)"
 ])
 def test_absurd_hf_configs_refused_before_building(tmp_path, change, message):
     from normaudit.errors import UsageError
-    from normaudit.target.hf import load_hf_target
+    from normaudit.loaders.hf import load_hf_target
 
     d = _hf(tmp_path, dict(TINY_LLAMA, **change))
     with pytest.raises(UsageError) as info:
@@ -393,7 +393,7 @@ def test_absurd_hf_configs_refused_before_building(tmp_path, change, message):
 
 def test_real_model_sizes_pass_the_limits():
     """The limits leave room for the largest real configs (Llama 3.1 405B, DeepSeek-V3, a 1000-layer DeepNet)."""
-    from normaudit.target.hf import check_config_limits
+    from normaudit.loaders.hf import check_config_limits
 
     check_config_limits({"hidden_size": 16384, "intermediate_size": 53248, "num_hidden_layers": 126,
                          "num_attention_heads": 128, "vocab_size": 128256}, "llama405b.json")

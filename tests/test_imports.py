@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from normaudit.cli import main
-from normaudit.target.pyfile import import_plan
+from normaudit.loaders.pyfile import import_plan
 from conftest import audit_file
 
 LAZY = """\

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from normaudit import cli
 from normaudit.errors import UsageError
-from normaudit.target.pyfile import installed_roots, is_tool_file, is_user_file, load_python_target
+from normaudit.loaders.pyfile import installed_roots, is_tool_file, is_user_file, load_python_target
 from normaudit.worker import WorkerError, phase, run_isolated
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from conftest import audit_model, family_rules
-from normaudit.target.config import model_configs
+from normaudit.loaders.config import model_configs
 
 PRETRAINED_CFG = {"url": "", "num_classes": 10, "input_size": (3, 16, 16), "pool_size": None,
                   "crop_pct": 0.9, "interpolation": "bicubic", "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5),

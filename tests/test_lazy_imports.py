@@ -97,7 +97,7 @@ def test_table_names_the_two_start_up_imports():
 PROBE = """\
 import json, sys
 from normaudit.runner import prewarm
-from normaudit.target.hf import load_hf_target
+from normaudit.loaders.hf import load_hf_target
 prewarm([sys.argv[1]])
 from pathlib import Path
 mua = load_hf_target(Path(sys.argv[1]))

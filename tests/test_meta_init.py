@@ -1,5 +1,5 @@
 """The torch initialisers skip meta tensors while a Hugging Face model is built on meta
-(:mod:`normaudit.target.meta_init`, issue 14): restored after (also after an error), real tensors still
+(:mod:`normaudit.loaders.meta_init`, issue 14): restored after (also after an error), real tensors still
 initialised, each initialiser returning its tensor, tied weights still tied, and no initialiser reaching a
 meta tensor during the build (what made the build's time grow with the depth)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from normaudit.target.meta_init import INIT_FUNCTIONS, MODULES, meta_init_skipped
+from normaudit.loaders.meta_init import INIT_FUNCTIONS, MODULES, meta_init_skipped
 
 
 def _initialisers() -> dict[tuple[str, str], object]:
@@ -54,7 +54,7 @@ LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_s
 
 def _load(tmp_path, **extra):
     pytest.importorskip("transformers")
-    from normaudit.target.hf import load_hf_target
+    from normaudit.loaders.hf import load_hf_target
 
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA, **extra}))
     return load_hf_target(tmp_path).model

@@ -23,8 +23,8 @@ from normaudit.engine.evaluator import evaluate
 from normaudit.facts.placement import analyse
 from normaudit.facts.sites import discover_sites
 from normaudit.report import ModelFacts
-from normaudit.target.config import model_config
-from normaudit.target.inputs import infer_inputs
+from normaudit.loaders.config import model_config
+from normaudit.loaders.inputs import infer_inputs
 
 FIXTURES = Path(__file__).parent / "fixtures" / "placement"
 RANK = {"info": 0, "warning": 1, "error": 2}

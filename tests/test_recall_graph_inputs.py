@@ -225,7 +225,7 @@ def test_dia_decoder_on_its_own_start_tokens():
     """transformers' Dia (tiny config): without ``decoder_input_ids`` the model starts its decoder on BOS tokens
     it makes itself (``torch.full``); in the export graph the first decoder layer's norms depend on no input."""
     transformers = pytest.importorskip("transformers")
-    from normaudit.target.inputs import infer_inputs
+    from normaudit.loaders.inputs import infer_inputs
 
     enc = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                num_key_value_heads=2, head_dim=16, vocab_size=64, norm_eps=1e-5)

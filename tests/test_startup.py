@@ -157,7 +157,7 @@ def counting(path='.'):
 os.scandir = counting
 import transformers
 if sys.argv[1] != "plain":
-    from normaudit.target.hf import _transformers
+    from normaudit.loaders.hf import _transformers
     _transformers()
 import transformers.models.auto.configuration_auto
 iu = transformers.utils.import_utils

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from normaudit.errors import UsageError
-from normaudit.target.inputs import infer_inputs
-from normaudit.target.pyfile import load_python_target
+from normaudit.loaders.inputs import infer_inputs
+from normaudit.loaders.pyfile import load_python_target
 
 
 def _write(tmp_path, body: str, name: str = "model.py"):
@@ -85,7 +85,7 @@ def test_missing_file(tmp_path):
 
 
 def test_yaml_config_reads_exponent_floats_as_numbers(tmp_path):
-    from normaudit.target.config import load_config
+    from normaudit.loaders.config import load_config
 
     path = tmp_path / "cfg.yaml"
     path.write_text("layer_norm_eps: 1e-6\nnested: {rms_norm_eps: 1E-5, name: '1e-6 apart'}\nhidden: 32\n")
@@ -94,7 +94,7 @@ def test_yaml_config_reads_exponent_floats_as_numbers(tmp_path):
 
 
 def test_empty_torch_checkpoint_says_why(tmp_path):
-    from normaudit.target.checkpoint import open_checkpoint
+    from normaudit.loaders.checkpoint import open_checkpoint
 
     path = tmp_path / "empty.pt"
     path.write_bytes(b"")

@@ -20,7 +20,7 @@ from normaudit.engine.loader import load_rules
 from normaudit.facts.sites import discover_sites
 from normaudit.facts.weights import param_roles, site_param_names
 from normaudit.render.text import render as render_text
-from normaudit.target.checkpoint import open_checkpoint
+from normaudit.loaders.checkpoint import open_checkpoint
 from test_eps import audit_fixture, check_fixture, fixture_params, load_fixture
 
 FIXTURES = Path(__file__).parent / "fixtures" / "checkpoint"

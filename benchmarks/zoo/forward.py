@@ -239,7 +239,7 @@ def _normaudit_inputs(model: nn.Module) -> dict[str, Any]:
     ``get_image_features``/``get_audio_features`` on the meta device only; given the real model it adds no
     placeholders and the multimodal forward refuses them ("image features and image tokens do not
     match"). The tensors returned are real (CPU). Raises ValueError when normaudit builds no inputs."""
-    from normaudit.target.inputs import infer_hf_inputs
+    from normaudit.loaders.inputs import infer_hf_inputs
 
     built = infer_hf_inputs(meta_twin(model) if not _on_meta(model) else model)
     if built is None:

@@ -80,7 +80,7 @@ def _level_runs(config, precheck: bool = False) -> tuple[bool, dict[str, Any]]:
 
 
 def build_model(config):
-    """The model normaudit builds from ``config`` (``target/hf.py``): the first class of ``architectures`` that
+    """The model normaudit builds from ``config`` (``normaudit/loaders/hf.py``): the first class of ``architectures`` that
     transformers has, else ``AutoModel``."""
     import transformers
 

@@ -410,7 +410,7 @@ def _export(model: nn.Module, args: Any, mode: FakeTensorMode, kwargs: Optional[
     (activations, not parameters). ``buffers`` (:func:`integer_buffers`): integer buffers passed as
     constants (:class:`_BufferConstants`). ``lift``: integer factories are constants even without either
     (:class:`_LiftedFactories`)."""
-    from normaudit.target.inputs import _forward_params, forward_kwargs
+    from normaudit.loaders.inputs import _forward_params, forward_kwargs
 
     fixed = dict(fixed or {})
     kwargs = dict(kwargs or {})
@@ -466,7 +466,7 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
     cannot be captured: the attempts record each failure. After a data-dependent export failure, export is
     retried with the example's real integer inputs as constants (:func:`constant_inputs`); a multimodal
     forward that still fails is retried on its main tower's inputs alone
-    (:func:`normaudit.target.inputs.main_tower_inputs`). When no method captures the whole model and
+    (:func:`normaudit.loaders.inputs.main_tower_inputs`). When no method captures the whole model and
     ``parts_fallback`` is set, its parts are captured alone (:mod:`normaudit.capture.parts`), then the
     Hugging Face models of their own inside it that hold norms no part covers, on inputs built for each
     (:func:`normaudit.capture.parts.capture_submodels`: a forward that fails at once records no part).
@@ -491,7 +491,7 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
     modes = {name: m.training for name, m in modules.items()}
     found, train_error = _try_methods(model, fake_args, inputs, mode, methods, attempts, buffers=buffers)
     if found is None and isinstance(inputs, dict):
-        from normaudit.target.inputs import main_tower_inputs
+        from normaudit.loaders.inputs import main_tower_inputs
 
         fewer = main_tower_inputs(model, inputs)  # a multimodal forward that fails: its main tower alone
         if fewer is not None:
@@ -652,13 +652,13 @@ def _capture_parts(model: nn.Module, fake_args: Any, mode: FakeTensorMode, modul
                    dtype: torch.dtype = torch.float32, until: Optional[float] = None) -> tuple[list, Optional[str]]:
     """:func:`normaudit.capture.parts.capture_parts` over the norm modules ``walk_modules`` finds
     (``real_inputs``: the example inputs ``fake_args`` were made from; ``buffers``: :func:`integer_buffers`;
-    the main tower's inputs alone, :func:`normaudit.target.inputs.main_tower_inputs`, record what the
+    the main tower's inputs alone, :func:`normaudit.loaders.inputs.main_tower_inputs`, record what the
     forward on all inputs does not reach; ``until``: no part capture starts after this ``time.perf_counter()``)."""
-    from normaudit.target.inputs import main_tower_inputs
+    from normaudit.loaders.inputs import main_tower_inputs
 
     from normaudit.capture.parts import capture_parts
     from normaudit.facts.sites import walk_modules
-    from normaudit.target.inputs import _forward_params, forward_kwargs
+    from normaudit.loaders.inputs import _forward_params, forward_kwargs
 
     norm_paths = [r.site.module for r in walk_modules(modules) if r.site.module]
     if not norm_paths:

@@ -248,7 +248,7 @@ def capture_parts(root: nn.Module, inputs: Any, mode: FakeTensorMode, norm_paths
     ``real_inputs``: the real example inputs ``inputs`` were made from, for the real run (:func:`_record_real`);
     ``buffers``: the integer buffers' values (:func:`normaudit.capture.integer_buffers`), for the real run and
     the parts' constants retries. ``fewer``: ``(fake, real)`` inputs of the main tower alone
-    (:func:`normaudit.target.inputs.main_tower_inputs`): when the forward on all inputs stops before some
+    (:func:`normaudit.loaders.inputs.main_tower_inputs`): when the forward on all inputs stops before some
     holders (a vision-language model whose image placeholders do not match its image features), a second
     forward on these records the main tower's modules it did not reach (the language model's blocks).
     ``until``: no part capture starts after this ``time.perf_counter()`` (default :data:`MAX_SECONDS` from now).
@@ -401,7 +401,7 @@ def _capture_submodel(cap: Any, path: str, mod: nn.Module, mode: FakeTensorMode,
     module path of the model. Returns [] when neither captures, or when its graph misses a norm module the
     parts inside it reached."""
     from normaudit.capture import constant_inputs, fake_inputs
-    from normaudit.target.inputs import forward_kwargs, _forward_params
+    from normaudit.loaders.inputs import forward_kwargs, _forward_params
 
     parts, every = within
     built = own_inputs(mod)
@@ -429,12 +429,12 @@ def replaced_by(parts: list[PartCapture], new: list[PartCapture]) -> list[PartCa
 
 
 def own_inputs(mod: nn.Module) -> Optional[dict[str, torch.Tensor]]:
-    """The keyword inputs :func:`normaudit.target.inputs.infer_hf_inputs` builds for the Hugging Face model
+    """The keyword inputs :func:`normaudit.loaders.inputs.infer_hf_inputs` builds for the Hugging Face model
     ``mod`` (real CPU tensors), or None. ``infer_hf_inputs`` checks its candidates (patches as images or as
     flattened rows, ...) with a forward on the meta device only, so a model whose tensors are fake gets meta
     ones of the same shapes and dtypes meanwhile (restored after); a candidate's meta forward that meets a
     tensor kept elsewhere (a plain attribute) fails, and then the first candidates are used. Never raises."""
-    from normaudit.target.inputs import infer_hf_inputs
+    from normaudit.loaders.inputs import infer_hf_inputs
 
     tables = [(m._parameters, True) for m in mod.modules()] + [(m._buffers, False) for m in mod.modules()]
     saved = [(tab, dict(tab)) for tab, _ in tables]

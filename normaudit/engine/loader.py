@@ -45,14 +45,14 @@ def _line_of(text: str, field: str) -> Optional[int]:
 def load_rule_file(path: Path) -> Rule:
     """Parse and validate one rule file. Raises UsageError naming the file, line and field.
 
-    A rule file is untrusted input like a config (:mod:`normaudit.target.safe_read`): a regular UTF-8 file,
+    A rule file is untrusted input like a config (:mod:`normaudit.loaders.safe_read`): a regular UTF-8 file,
     plain YAML data (no tags building objects, aliases and nesting bounded), and message/fix templates that
     reach only the rule's own names (:func:`normaudit.engine.evaluator.check_template`)."""
     import yaml
     from pydantic import ValidationError
 
     from normaudit.engine.schema import Rule
-    from normaudit.target.safe_read import loads_yaml, read_regular
+    from normaudit.loaders.safe_read import loads_yaml, read_regular
 
     raw = read_regular(path, "rule file")
     try:
@@ -120,7 +120,7 @@ def load_rules_listed(extra_dirs: Iterable[str | Path] = (), memo: Any = None) -
     if memo is None:
         return load_rules(extra_dirs)
     from normaudit.cache import validation_key
-    from normaudit.target.safe_read import read_regular
+    from normaudit.loaders.safe_read import read_regular
 
     files = rule_files(extra_dirs)
     parts = [[str(f.resolve()), hashlib.sha256(read_regular(f, "rule file")).hexdigest()] for f in files]

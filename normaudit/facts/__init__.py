@@ -46,7 +46,7 @@ class FactContext:
     config: dict[str, Any] = field(default_factory=dict)
     config_source: Optional[str] = None
     #: every configuration to compare eps with (``normaudit.facts.eps.ConfigSource``: --config, the checkpoint's
-    #: config, the model's own); an opened ``normaudit.target.checkpoint.Checkpoint`` given with the model
+    #: config, the model's own); an opened ``normaudit.loaders.checkpoint.Checkpoint`` given with the model
     config_sources: list = field(default_factory=list)
     checkpoint: Any = None
     #: axis labels per node, left by :func:`graph_facts`

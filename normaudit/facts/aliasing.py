@@ -80,7 +80,7 @@ _AUG_OPS = {operator.add: ast.Add, operator.sub: ast.Sub, operator.mul: ast.Mult
 
 def _code_line(node: fx.Node) -> Optional[str]:
     """The source text of the innermost frame outside torch/normaudit in the node's recorded stack trace."""
-    from normaudit.target.pyfile import is_tool_file
+    from normaudit.loaders.pyfile import is_tool_file
 
     lines = (node.meta.get("stack_trace") or "").splitlines()
     text = None

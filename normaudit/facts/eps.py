@@ -15,7 +15,7 @@ other sites of its class use, and what is left of it in the dtype it is added in
   (:data:`EPS_KEYS`, first key found, nested dicts searched; a bare ``eps``/``epsilon`` at the top level
   only, :data:`GENERIC_EPS_KEYS`), each with its ``origin`` (``cli``: ``--config``; ``checkpoint``: the config
   that came with the weights; ``model``: a config the model keeps itself, wherever it keeps it
-  (:func:`normaudit.target.config.model_configs`: ``self.config``, ``self.args``, ``self.params``, ... on
+  (:func:`normaudit.loaders.config.model_configs`: ``self.config``, ``self.args``, ``self.params``, ... on
   the root or on the submodule holding the norm, the deepest one counting); ``library``: a library's config
   (transformers, diffusers, timm), whose code may keep another eps on purpose) and ``source``.
 - ``constructor_eps``/``changed``: the config key the norm's constructor call passes as eps, read from its

@@ -577,7 +577,7 @@ def _location(node: Optional[fx.Node], skip_inner: int = 0) -> Optional[SourceLo
     st = node.meta.get("stack_trace")
     if not st:
         return None
-    from normaudit.target.pyfile import is_tool_file
+    from normaudit.loaders.pyfile import is_tool_file
 
     frames: list[SourceLocation] = []
     for line in st.splitlines():

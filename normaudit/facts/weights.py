@@ -4,10 +4,10 @@ form each site applies when the formula pass could not say (``site.extra["gain_f
 For each site the *model keys* are the ``state_dict`` names of its module's own parameters and persistent
 buffers (``layers.0.input_layernorm.weight``); for a functional or hand-written norm inside a larger module,
 only the 1-D ones the size of the normalised region. They are matched onto the checkpoint with
-:meth:`normaudit.target.checkpoint.Checkpoint.align_keys` (exact, wrapper prefixes, one leading prefix), together
+:meth:`normaudit.loaders.checkpoint.Checkpoint.align_keys` (exact, wrapper prefixes, one leading prefix), together
 with the names the site does *not* have (``.bias`` of an RMSNorm, ``.scale``, ``.gamma``...), so that the
 checkpoint's extra keys under the site's module are found too. Then ``site.weights``
-(:class:`normaudit.report.WeightStats`, from :func:`normaudit.target.checkpoint.group_weight_stats` over every
+(:class:`normaudit.report.WeightStats`, from :func:`normaudit.loaders.checkpoint.group_weight_stats` over every
 checkpoint tensor of the site) carries:
 
 - ``missing``: model keys the checkpoint lacks (``num_batches_tracked`` excepted: old checkpoints lack it and
@@ -280,7 +280,7 @@ def _site_weights(ckpt, site, names: list[str], roles: dict[str, str], mapping: 
                     next((ck for ck, mk in renamed.items() if mk.rsplit(".", 1)[-1] in gain_names), None))
     bias_key = next((matched[n] for n in bias_names if n in matched), None)
     if ckpt_keys:
-        from normaudit.target.checkpoint import group_weight_stats
+        from normaudit.loaders.checkpoint import group_weight_stats
 
         ws = group_weight_stats(ckpt, ckpt_keys, gain=gain_key, bias=bias_key)
     else:

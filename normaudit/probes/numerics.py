@@ -342,7 +342,7 @@ def real_model(probe_model: nn.Module, ckpt: Any, build_fn: Any, where: Optional
     """A real float32 CPU copy of the audited model (``probe_model`` is never modified): ``(model, weights,
     notes)`` with ``weights`` ``checkpoint`` or ``random``.
 
-    With a checkpoint (:class:`normaudit.target.checkpoint.Checkpoint`), its tensors are copied in by the
+    With a checkpoint (:class:`normaudit.loaders.checkpoint.Checkpoint`), its tensors are copied in by the
     aligned keys (``ckpt.align_keys``) over a materialised copy (:func:`normaudit.probes.common.materialise`);
     without one, the factory ``build_fn`` is called again off the meta device (its own initialisation), or for
     a library model its ``init_weights()`` runs over the materialised copy. Raises UsageError when the factory
@@ -353,7 +353,7 @@ def real_model(probe_model: nn.Module, ckpt: Any, build_fn: Any, where: Optional
     if ckpt is None and build_fn is not None and is_meta:
         from pathlib import Path
 
-        from normaudit.target.pyfile import BuildMode, _call
+        from normaudit.loaders.pyfile import BuildMode, _call
 
         model = _call(build_fn, Path(where or "model.py"), "build_model() failed (numerics probe)", BuildMode(meta=False))
         if not isinstance(model, nn.Module):
@@ -529,7 +529,7 @@ def seeded_inputs(build_fn: Any, inputs: Any, where: Optional[str]) -> tuple[Any
         return inputs, False
     from pathlib import Path
 
-    from normaudit.target.pyfile import BuildMode, _call, as_example_inputs
+    from normaudit.loaders.pyfile import BuildMode, _call, as_example_inputs
 
     again = _call(ex, Path(where or "model.py"), "example_inputs() failed (numerics probe)", BuildMode(meta=False))
     return as_example_inputs(again, where, " on its second call (numerics probe)"), True

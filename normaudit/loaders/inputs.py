@@ -765,7 +765,7 @@ def infer_hf_inputs(model: nn.Module) -> Optional[tuple[Any, str]]:
     if config is None or name is None:
         return None
     params = _forward_params(model)
-    from normaudit.target.companion_inputs import COMPANION_BUILDERS, COMPANION_EXTRAS, COMPANION_VARIANTS
+    from normaudit.loaders.companion_inputs import COMPANION_BUILDERS, COMPANION_EXTRAS, COMPANION_VARIANTS
 
     builders = {**COMPANION_BUILDERS, **BUILDERS}
     variants, extras = {**VARIANTS, **COMPANION_VARIANTS}, EXTRAS + COMPANION_EXTRAS

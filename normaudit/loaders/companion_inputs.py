@@ -5,7 +5,7 @@ LXMERT's detector regions ``visual_feats``/``visual_pos``), embeddings given in 
 per-image class prompts and their ``classes_structure``), sized as transformers' own model tests build them.
 
 Each builder maps the model's config to candidate tensors, first choice first, as
-:data:`normaudit.target.inputs.BUILDERS` does; :func:`normaudit.target.inputs.infer_hf_inputs` tries them
+:data:`normaudit.loaders.inputs.BUILDERS` does; :func:`normaudit.loaders.inputs.infer_hf_inputs` tries them
 for a required parameter of that name (:data:`COMPANION_BUILDERS`). :data:`COMPANION_EXTRAS` names the
 optional parameters whose builders give something only for a config that describes that input (a
 ``visual_feat_dim``, an ``encoder_hidden_size``): a forward that raises without them (LXMERT's
@@ -24,7 +24,7 @@ REGIONS = 8
 
 def _hidden(config: Any) -> int:
     """The model's width: ``hidden_size`` (or ``d_model``) of the config or its text sub-config; 64 else."""
-    from normaudit.target.inputs import cfg_value
+    from normaudit.loaders.inputs import cfg_value
 
     return int(cfg_value(config, ("hidden_size", "d_model"), _TEXT, 64))
 
@@ -32,7 +32,7 @@ def _hidden(config: Any) -> int:
 def _embeddings(config: Any) -> Iterator[torch.Tensor]:
     """Embeddings given in place of token ids (a Q-Former's learned ``query_embeds``, a diffusion drafter's
     ``noise_embeds``): float ``(B, S, hidden_size)``."""
-    from normaudit.target.inputs import BATCH, SEQ
+    from normaudit.loaders.inputs import BATCH, SEQ
 
     yield torch.randn(BATCH, SEQ, _hidden(config))
 
@@ -42,7 +42,7 @@ def _encoder_states(config: Any) -> Iterator[torch.Tensor]:
     ``(B, S, encoder_hidden_size)`` (BLIP-2's Q-Former reads its image encoder's features so), or
     ``(B, S, hidden_size)`` for a decoder built with ``add_cross_attention``. Nothing for any other config
     (a model that does not cross-attend runs without them)."""
-    from normaudit.target.inputs import BATCH, SEQ, cfg_value
+    from normaudit.loaders.inputs import BATCH, SEQ, cfg_value
 
     width = cfg_value(config, ("encoder_hidden_size",), _TEXT)
     if width is None and getattr(config, "add_cross_attention", False):
@@ -55,7 +55,7 @@ def _context_states(config: Any) -> Iterator[torch.Tensor]:
     """Hidden states of the target model's layers a speculative drafter conditions on, concatenated on the
     last dim: float ``(B, S, hidden_size * len(target_layer_ids))`` (DFlash drafters' docstring), ``(B, S,
     hidden_size)`` when the config names no target layers."""
-    from normaudit.target.inputs import BATCH, SEQ
+    from normaudit.loaders.inputs import BATCH, SEQ
 
     layers = getattr(config, "target_layer_ids", None)
     count = len(layers) if isinstance(layers, (list, tuple)) and layers else 1
@@ -65,7 +65,7 @@ def _context_states(config: Any) -> Iterator[torch.Tensor]:
 def _region_features(config: Any) -> Iterator[torch.Tensor]:
     """A detector's region-of-interest features (LXMERT's ``visual_feats``): float ``(B, R,
     visual_feat_dim)``; nothing for a config without ``visual_feat_dim``."""
-    from normaudit.target.inputs import BATCH
+    from normaudit.loaders.inputs import BATCH
 
     dim = getattr(config, "visual_feat_dim", None)
     if isinstance(dim, int) and dim > 0:
@@ -75,7 +75,7 @@ def _region_features(config: Any) -> Iterator[torch.Tensor]:
 def _region_boxes(config: Any) -> Iterator[torch.Tensor]:
     """The boxes of those regions (LXMERT's ``visual_pos``): float ``(B, R, visual_pos_dim)`` in [0, 1]
     (normalised corner coordinates); nothing for a config without ``visual_pos_dim``."""
-    from normaudit.target.inputs import BATCH
+    from normaudit.loaders.inputs import BATCH
 
     dim = getattr(config, "visual_pos_dim", None)
     if isinstance(dim, int) and dim > 0:
@@ -85,7 +85,7 @@ def _region_boxes(config: Any) -> Iterator[torch.Tensor]:
 def _task_tokens(config: Any) -> Iterator[torch.Tensor]:
     """Token ids of a task prompt (OneFormer's ``task_inputs``, "the task is semantic" tokenised to
     ``task_seq_len``): int64 ``(B, task_seq_len)`` below the text encoder's vocabulary (ids < 100)."""
-    from normaudit.target.inputs import BATCH, SEQ, _ids, cfg_value
+    from normaudit.loaders.inputs import BATCH, SEQ, _ids, cfg_value
 
     length = cfg_value(config, ("task_seq_len",), default=SEQ)
     vocab = cfg_value(config, ("text_encoder_vocab_size", "vocab_size"), _TEXT, 100)
@@ -95,7 +95,7 @@ def _task_tokens(config: Any) -> Iterator[torch.Tensor]:
 def _prompt_mask(config: Any) -> Iterator[torch.Tensor]:
     """The attention mask of a prompt's token ids built by the ``input_ids`` builder (OmDet-Turbo's
     ``tasks_attention_mask``, ``classes_attention_mask``): int64 ones ``(B, S)``, every token valid."""
-    from normaudit.target.inputs import BATCH, SEQ
+    from normaudit.loaders.inputs import BATCH, SEQ
 
     yield torch.ones(BATCH, SEQ, dtype=torch.int64)
 
@@ -104,15 +104,15 @@ def _prompt_structure(config: Any) -> Iterator[torch.Tensor]:
     """How many of the flattened class prompts belong to each example (OmDet-Turbo's ``classes_structure``;
     its ``classes_input_ids`` are ``(sum(structure), S)``): int64 ones ``(B,)``, one prompt per example,
     as the ``(B, S)`` class ids the ``input_ids`` builder gives hold."""
-    from normaudit.target.inputs import BATCH
+    from normaudit.loaders.inputs import BATCH
 
     yield torch.ones(BATCH, dtype=torch.int64)
 
 
 def _image_sets(config: Any) -> Iterator[torch.Tensor]:
     """A set of images per example for a model that cross-attends to each example's images (IDEFICS):
-    float ``(B, 1, C, H, W)``, one image each, sized as :func:`normaudit.target.inputs._images` sizes one."""
-    from normaudit.target.inputs import _images
+    float ``(B, 1, C, H, W)``, one image each, sized as :func:`normaudit.loaders.inputs._images` sizes one."""
+    from normaudit.loaders.inputs import _images
 
     for image in _images(config):
         if image.dim() == 4:
@@ -122,7 +122,7 @@ def _image_sets(config: Any) -> Iterator[torch.Tensor]:
 def _image_set_mask(config: Any) -> Iterator[torch.Tensor]:
     """Which of its images each text token attends to (IDEFICS' ``image_attention_mask``): int64 ones
     ``(B, S, 1)``, every token to the example's one image."""
-    from normaudit.target.inputs import BATCH, SEQ
+    from normaudit.loaders.inputs import BATCH, SEQ
 
     yield torch.ones(BATCH, SEQ, 1, dtype=torch.int64)
 
@@ -140,7 +140,7 @@ COMPANION_BUILDERS: dict[str, Callable[[Any], Iterator[torch.Tensor]]] = {
 #: the config (it describes that input): the model raises or leaves a tower un-run without them
 COMPANION_EXTRAS: tuple[str, ...] = ("visual_feats", "visual_pos", "encoder_hidden_states")
 #: when ``forward`` takes the key, the inputs are built by the value's builders instead (as
-#: :data:`normaudit.target.inputs.VARIANTS`): a forward that can take precomputed image-encoder embeddings
+#: :data:`normaudit.loaders.inputs.VARIANTS`): a forward that can take precomputed image-encoder embeddings
 #: beside per-token image masks cross-attends to a set of images per example
 COMPANION_VARIANTS: dict[str, dict[str, Callable[[Any], Iterator[torch.Tensor]]]] = {
     "image_encoder_embeddings": {"pixel_values": _image_sets, "image_attention_mask": _image_set_mask},

@@ -5,9 +5,9 @@ The model is built from the configuration alone with ``transformers`` under ``to
 read with ``local_files_only=True``). The class is the first entry of ``architectures`` when
 ``transformers`` has it (``LlamaForCausalLM``: heads included), else ``AutoModel``. Weights found in the
 directory are recorded on the result but not read here: reading them is the checkpoint reader's job
-(``normaudit.target.checkpoint``).
+(``normaudit.loaders.checkpoint``).
 
-The config is untrusted input (:mod:`normaudit.target.safe_read`): a regular file, nesting bounded, and
+The config is untrusted input (:mod:`normaudit.loaders.safe_read`): a regular file, nesting bounded, and
 refused before building when its sizes are absurd (:func:`check_config_limits`). Custom code (``auto_map``)
 is never run: a config whose ``model_type`` transformers knows is audited with transformers' own classes
 (said in a note), any other is refused. An attention kernel that cannot run here (``attn_implementation:
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from normaudit.errors import UsageError
-from normaudit.target.safe_read import loads_json, read_regular, require_regular_file
+from normaudit.loaders.safe_read import loads_json, read_regular, require_regular_file
 
 #: Weight files of a Hugging Face style directory (recorded, not read).
 WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json",
@@ -244,13 +244,13 @@ def _model_class(transformers, config) -> tuple[Any, str]:
 def load_hf_target(path: Path):
     """Build the model described by a Hugging Face directory or a bare ``config.json`` on the meta device.
 
-    Returns a :class:`normaudit.target.ModelUnderAudit` with ``kind`` ``hf_dir`` or ``hf_config``,
+    Returns a :class:`normaudit.loaders.ModelUnderAudit` with ``kind`` ``hf_dir`` or ``hf_config``,
     ``weights`` naming the weight files found beside the config, and ``notes`` saying what was changed to
     capture it (attention kernel, custom code not run). Raises UsageError for a missing, unreadable or
     invalid config, absurd sizes (:func:`check_config_limits`), an unknown ``model_type``, custom code of
     an unknown type, or a model transformers fails to build.
     """
-    from normaudit.target import ModelUnderAudit
+    from normaudit.loaders import ModelUnderAudit
 
     is_dir = path.is_dir()
     config_file = path / "config.json" if is_dir else path
@@ -274,11 +274,11 @@ def load_hf_target(path: Path):
 def _build(transformers, config, attention: Any, config_file: str, notes: list[str]) -> tuple[Any, str]:
     """Build the model class of ``config`` on the meta device; with ``attention`` (a kernel that cannot run
     here, asked for by the config) build with ``sdpa``, else ``eager``, and say so in ``notes``. The torch
-    initialisers skip the meta tensors (:func:`normaudit.target.meta_init.meta_init_skipped`: the build's cost
+    initialisers skip the meta tensors (:func:`normaudit.loaders.meta_init.meta_init_skipped`: the build's cost
     no longer grows with the depth through them); ``init_weights()`` still runs, so tied weights stay tied."""
     import torch
 
-    from normaudit.target.meta_init import meta_init_skipped
+    from normaudit.loaders.meta_init import meta_init_skipped
 
     cls, name = _model_class(transformers, config)
     tries = ("sdpa", "eager") if attention else (None,)

@@ -1,10 +1,10 @@
 """Target loading: turn what the user names into a model ready to capture. Each target kind has its own
 module; :func:`load_model` dispatches on the target's shape:
 
-- ``model.py`` / ``model.py:factory`` (or an existing extension-less file): :mod:`normaudit.target.pyfile`;
+- ``model.py`` / ``model.py:factory`` (or an existing extension-less file): :mod:`normaudit.loaders.pyfile`;
 - ``package.module:factory`` (or ``package.module``, factory ``build_model``), importable from the
   current directory or the environment: :func:`load_module_target`;
-- a directory holding ``config.json``, or a bare ``*.json`` config: :mod:`normaudit.target.hf`;
+- a directory holding ``config.json``, or a bare ``*.json`` config: :mod:`normaudit.loaders.hf`;
 - a checkpoint (``.safetensors``, ``.pt``, ``.pth``, ``.bin``, ``.ckpt``, ``*.index.json``, or a
   directory of weights without ``config.json``): :func:`load_checkpoint_target`.
 """
@@ -58,15 +58,15 @@ def is_checkpoint_path(path: Path) -> bool:
     if name.endswith(".index.json") or path.suffix.lower() in CHECKPOINT_SUFFIXES:
         return True
     if path.is_dir() and not (path / "config.json").is_file():
-        from normaudit.target.hf import weight_files
+        from normaudit.loaders.hf import weight_files
 
         return bool(weight_files(path))
     return False
 
 
 def load_checkpoint_target(path: Path) -> ModelUnderAudit:
-    """Checkpoint-only targets (no model code): :func:`normaudit.target.checkpoint.checkpoint_target`."""
-    from normaudit.target.checkpoint import checkpoint_target
+    """Checkpoint-only targets (no model code): :func:`normaudit.loaders.checkpoint.checkpoint_target`."""
+    from normaudit.loaders.checkpoint import checkpoint_target
 
     return checkpoint_target(path)
 
@@ -85,7 +85,7 @@ def _broken_link(path: Path) -> str:
 
 def load_model(target: str) -> ModelUnderAudit:
     """Build the model named by ``target`` (see the module docstring). Raises UsageError for bad targets."""
-    from normaudit.target.pyfile import load_python_target, split_target
+    from normaudit.loaders.pyfile import load_python_target, split_target
 
     path, _ = split_target(target)
     if path.is_symlink() and not path.exists():
@@ -104,7 +104,7 @@ def load_model(target: str) -> ModelUnderAudit:
             phase("checkpoint")
             return load_checkpoint_target(path)
         if path.is_dir() or path.suffix.lower() == ".json":
-            from normaudit.target.hf import load_hf_target
+            from normaudit.loaders.hf import load_hf_target
 
             phase("build")
             return load_hf_target(path)
@@ -137,7 +137,7 @@ def load_module_target(module_name: str, factory: str) -> ModelUnderAudit:
     Nothing is written into the user's tree (no ``__pycache__``). Raises UsageError when the module cannot be
     found or imported, or the factory is missing or fails.
     """
-    from normaudit.target.pyfile import build_from_module, keep_recursion_limit, safe_str, user_error
+    from normaudit.loaders.pyfile import build_from_module, keep_recursion_limit, safe_str, user_error
     from normaudit.worker import in_worker, phase
 
     phase("import")

@@ -28,7 +28,7 @@ from safetensors import SafetensorError, safe_open
 
 from normaudit.errors import UsageError
 from normaudit.report import Kind, Site, WeightStats
-from normaudit.target.safe_read import MAX_NESTING, file_kind, json_nesting, loads_json, read_regular, require_regular_file
+from normaudit.loaders.safe_read import MAX_NESTING, file_kind, json_nesting, loads_json, read_regular, require_regular_file
 
 __all__ = [
     "Checkpoint",
@@ -195,7 +195,7 @@ def _parse_json(value: Any, path: Optional[Path] = None, what: str = "embedded c
     """``value`` parsed as JSON when it is a string holding JSON (``"1e-06"`` -> 1e-06, an object -> a dict),
     else ``value`` itself.
 
-    Nesting is bounded (:data:`normaudit.target.safe_read.MAX_NESTING`): a deeper string is a UsageError
+    Nesting is bounded (:data:`normaudit.loaders.safe_read.MAX_NESTING`): a deeper string is a UsageError
     naming ``path`` and ``what`` rather than a RecursionError."""
     if not isinstance(value, str):
         return value
@@ -974,12 +974,12 @@ def inspect_norm_params(ckpt: Checkpoint) -> list[CheckpointNormGroup]:
 
 
 def checkpoint_target(path: str | Path):
-    """A checkpoint given as the audit's TARGET: a :class:`normaudit.target.ModelUnderAudit` of kind
+    """A checkpoint given as the audit's TARGET: a :class:`normaudit.loaders.ModelUnderAudit` of kind
     ``checkpoint`` with no model (an empty ``nn.Module``); the audit opens the file itself
     (``normaudit.audit.checkpoint_only_report``), so an unreadable or refused file is a UsageError there."""
     from torch import nn
 
-    from normaudit.target import ModelUnderAudit
+    from normaudit.loaders import ModelUnderAudit
 
     path = Path(path)
     return ModelUnderAudit(model=nn.Module(), inputs=(), on_meta=False, kind="checkpoint", file=str(path),

@@ -23,11 +23,11 @@ def load_config(path: str | Path) -> dict[str, Any]:
 
     Only a regular file of at most 64 MiB is read (a FIFO or device is refused before opening); nesting is
     bounded (100 levels), YAML builds plain data only (no ``!!python`` tags) and its aliases may expand to
-    at most a million nodes (:mod:`normaudit.target.safe_read`); transformers 5's ``{"__float__":
+    at most a million nodes (:mod:`normaudit.loaders.safe_read`); transformers 5's ``{"__float__":
     "Infinity"}`` reads as the float. Raises UsageError naming the file (and line) for any of these, bad
     syntax, or a document that is not a mapping.
     """
-    from normaudit.target.safe_read import loads_json, loads_yaml, read_regular
+    from normaudit.loaders.safe_read import loads_json, loads_yaml, read_regular
 
     p = Path(path)
     if not os.path.lexists(p):
