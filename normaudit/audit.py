@@ -27,7 +27,7 @@ from normaudit.suppress import filter_findings
 from normaudit.loaders.config import is_library, load_config, model_configs
 from normaudit.loaders import ModelUnderAudit, load_model
 from normaudit.loaders.inputs import infer_inputs
-from normaudit.worker import phase
+from normaudit.phases import phase
 from normaudit.options import AuditOptions, exit_status  # noqa: F401 - torch-free home (issue 14); imported from here too
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -20,6 +20,10 @@ Category = Literal["layout", "placement", "eps", "norm-type", "batchnorm", "nume
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
 
+#: how every format names the root module (module path ``""``): text, concise, github annotations, markdown,
+#: SARIF logical locations, the numerics text and monitor events
+ROOT_LABEL = "(root)"
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use: start-up (issue 14)

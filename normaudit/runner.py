@@ -86,7 +86,7 @@ def audit_target(opts: Any, rules: dict) -> WorkerResult:
 
 
 class PhaseFile:
-    """A Ray task's report of the phase it has reached (:func:`normaudit.worker.phase`), written to ``path``
+    """A Ray task's report of the phase it has reached (:func:`normaudit.phases.phase`), written to ``path``
     on the task's machine: the driver reads it when the task's process dies, so the error names the phase
     as the local executor's does. Only where the driver's folder is seen (a local cluster, a shared disk)."""
 
@@ -114,7 +114,7 @@ def ray_task(opts: Any, rules: dict, cwd: str, phase_file: Optional[str] = None)
     run in the driver's directory ``cwd`` where it exists (relative target paths, report paths as local runs
     give them); the task's process serves this one task (``max_calls=1``), so the change does not leak. The
     phases reached go to ``phase_file`` (:class:`PhaseFile`) when its folder exists here."""
-    from normaudit import worker
+    from normaudit import phases, worker
     from normaudit.lazy_imports import install
     from normaudit.loaders.hf import set_offline
 
@@ -123,7 +123,7 @@ def ray_task(opts: Any, rules: dict, cwd: str, phase_file: Optional[str] = None)
     if os.path.isdir(cwd):
         os.chdir(cwd)
     if phase_file and os.path.isdir(os.path.dirname(phase_file)):
-        worker._state["channel"] = PhaseFile(phase_file)
+        phases.report_to(PhaseFile(phase_file))
     return worker.run_and_describe(functools.partial(audit_target, opts, rules), opts.target)
 
 

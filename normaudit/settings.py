@@ -92,30 +92,8 @@ def _parse_toml(path: Path) -> dict[str, Any]:
         raise UsageError(f"invalid TOML: {cause}", file=str(path), line=line) from err
 
 
-def _section_start(lines: list[str], is_pyproject: bool) -> int:
-    if not is_pyproject:
-        return 0
-    for i, line in enumerate(lines):
-        if re.match(r"^\s*\[\s*tool\s*\.\s*normaudit\s*[\].]", line):
-            return i
-    return 0
-
-
-def _line_of_key(text: str, key: str, is_pyproject: bool) -> Optional[int]:
-    """1-based line where ``key`` is assigned (or opens a table) inside the normaudit settings."""
-    lines = text.splitlines()
-    start = _section_start(lines, is_pyproject)
-    k = re.escape(key)
-    pattern = re.compile(rf"""^\s*(?:["']?{k}["']?\s*=|\[\s*(?:tool\s*\.\s*normaudit\s*\.\s*)?["']?{k}["']?\s*[\].])"""
-                         rf"""|[{{,]\s*["']?{k}["']?\s*=""")
-    for i in range(start, len(lines)):
-        if pattern.search(lines[i]):
-            return i + 1
-    return None
-
-
 def _explain(err: Any, text: str, path: Path, is_pyproject: bool) -> UsageError:
-    from normaudit.settings_schema import Settings, TargetSettings
+    from normaudit.settings_schema import Settings, TargetSettings, line_of_key
 
     # A table in ``targets`` fails both union members: report the TargetSettings error, not "not a string".
     errors = [e for e in err.errors() if not (e["type"] == "string_type" and isinstance(e.get("input"), dict))]
@@ -124,7 +102,7 @@ def _explain(err: Any, text: str, path: Path, is_pyproject: bool) -> UsageError:
     # For union members pydantic inserts the member name ("str", "TargetSettings"); drop it.
     loc = [p for p in loc if p not in ("str", "TargetSettings")]
     key = next((p for p in reversed(loc) if not p.isdigit()), loc[0] if loc else "")
-    line = _line_of_key(text, key, is_pyproject) if key else None
+    line = line_of_key(text, key, is_pyproject) if key else None
     where = ".".join(loc)
     if first["type"] == "extra_forbidden":
         inner = "targets" in loc[:1]

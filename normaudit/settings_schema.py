@@ -7,6 +7,7 @@ import pydantic (issue 14: start-up under 0.5 s). Import ``Settings``/``TargetSe
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal, Optional, Union
 
@@ -88,12 +89,32 @@ class Settings(_Strict):
 
     def line_of(self, key: str) -> Optional[int]:
         """The line of the settings file where ``key`` is set (for error messages), or None."""
-        from normaudit.settings import _line_of_key
-
         if self._source is None:
             return None
         try:
             text = self._source.read_text(encoding="utf-8")
         except OSError:
             return None
-        return _line_of_key(text, key, self._source.name == "pyproject.toml")
+        return line_of_key(text, key, self._source.name == "pyproject.toml")
+
+
+def _section_start(lines: list[str], is_pyproject: bool) -> int:
+    if not is_pyproject:
+        return 0
+    for i, line in enumerate(lines):
+        if re.match(r"^\s*\[\s*tool\s*\.\s*normaudit\s*[\].]", line):
+            return i
+    return 0
+
+
+def line_of_key(text: str, key: str, is_pyproject: bool) -> Optional[int]:
+    """1-based line where ``key`` is assigned (or opens a table) inside the normaudit settings."""
+    lines = text.splitlines()
+    start = _section_start(lines, is_pyproject)
+    k = re.escape(key)
+    pattern = re.compile(rf"""^\s*(?:["']?{k}["']?\s*=|\[\s*(?:tool\s*\.\s*normaudit\s*\.\s*)?["']?{k}["']?\s*[\].])"""
+                         rf"""|[{{,]\s*["']?{k}["']?\s*=""")
+    for i in range(start, len(lines)):
+        if pattern.search(lines[i]):
+            return i + 1
+    return None

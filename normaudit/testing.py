@@ -19,8 +19,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Union
 import torch
 from torch import nn
 
-from normaudit.render.text import ROOT_LABEL
-from normaudit.report import SEVERITY_RANK, Report
+from normaudit.report import ROOT_LABEL, SEVERITY_RANK, Report
 
 __all__ = ["assert_norms_ok", "format_findings"]
 

@@ -30,22 +30,8 @@ from typing import Any, Callable, Optional
 
 from normaudit.errors import UsageError
 from normaudit.options import DEFAULT_TIMEOUT  # noqa: F401 - defined where the command line reads it cheaply
-
-#: The phases of one target's audit, as the error message words them ("timed out ... while capturing the model").
-PHASES = {
-    "start": "starting the audit",
-    "import": "importing the model file",
-    "build": "building the model",
-    "inputs": "making the example inputs",
-    "checkpoint": "reading the checkpoint",
-    "capture": "capturing the model",
-    "facts": "deriving the facts and running the probes",
-    "rules": "evaluating the rules",
-    "report": "sending the report",
-}
-
-_state: dict[str, Any] = {"channel": None, "phase": "start"}
-
+from normaudit import phases
+from normaudit.phases import PHASES, in_worker, phase  # noqa: F401 - the worker's own API too
 
 @contextlib.contextmanager
 def collection_paused():
@@ -67,32 +53,6 @@ def collection_paused():
         gc.unfreeze()
         if was_enabled:
             gc.enable()
-
-
-def _freeze_heap() -> None:
-    """In a worker: move every object tracked so far to the collector's permanent generation
-    (:func:`gc.freeze`), so that later collections walk only the objects made after this point. Called at each
-    new phase (:func:`phase`): what survives into the next phase (modules, the model, its graph) lives until
-    the worker exits, and the worker ends with ``os._exit`` (nothing left to free)."""
-    if _state["channel"] is not None:
-        gc.freeze()
-
-
-def phase(name: str) -> None:
-    """Record that the audit has reached phase ``name`` (a key of :data:`PHASES`); in a worker the parent
-    is told, so a timeout or a crash names the phase."""
-    _state["phase"] = name
-    _freeze_heap()
-    channel = _state["channel"]
-    if channel is not None:
-        with contextlib.suppress(OSError, ValueError):
-            channel.send(("phase", name))
-
-
-def in_worker() -> bool:
-    """True inside a worker process (there a ``KeyboardInterrupt`` can only come from the user's code: the
-    worker ignores SIGINT and the parent ends it on Ctrl-C)."""
-    return _state["channel"] is not None
 
 
 def can_isolate() -> bool:
@@ -162,14 +122,14 @@ def _describe(exc: BaseException, target: str) -> tuple:
         file, line = _user_location(exc)
         text = safe_str(exc) if not isinstance(exc, SystemExit) else repr(exc.code)
         what = f"the model's code raised {type(exc).__name__}" + (f" ({text})" if text else "")
-        return ("usage", f"{what} while {PHASES.get(_state['phase'], _state['phase'])}", file or target, line)
+        return ("usage", f"{what} while {PHASES.get(phases.current(), phases.current())}", file or target, line)
     detail = traceback.format_exc() if os.environ.get("NORMAUDIT_DEBUG") else None
     return ("internal", type(exc).__name__, safe_str(exc, 500), detail)
 
 
 def _child(conn: Any, work: Callable[[], Any], target: str) -> None:
     """The worker: run ``work`` (returns a pydantic model) with stdout sent to stderr; send back the result."""
-    _state["channel"] = conn
+    phases.report_to(conn)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if not os.environ.get("NORMAUDIT_DEBUG"):
         faulthandler.disable()  # a crash of the model's code is the parent's one line, not a C stack dump

@@ -205,7 +205,7 @@ def test_json_keeps_the_names_exactly(capsys, hostile_checkpoint):
     ("layers.0.ln", "layers.0.ln"), ("C:\\models\\ü.py", "C:\\models\\ü.py"), ("a::b", "a::b"),
 ])
 def test_escape_control(raw, shown):
-    from normaudit.render.text import escape_control
+    from normaudit.render.escape import escape_control
 
     assert escape_control(raw) == shown
 

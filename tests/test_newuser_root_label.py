@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 
 from normaudit.render import RenderOptions, concise, github, markdown, sarif, text
-from normaudit.render.text import ROOT_LABEL, group_findings
+from normaudit.render.text import group_findings
+from normaudit.report import ROOT_LABEL
 from normaudit.report import Finding, SourceLocation
 from test_render_formats import make_report, make_rules
 

@@ -16,39 +16,14 @@ import importlib.util
 import os
 import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
-
-if TYPE_CHECKING:  # torch is imported by the loaders that need it (start-up without torch, issue 14)
-    from torch import nn
+from typing import Any, Optional
 
 from normaudit.errors import UsageError
 
-CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt")
+from normaudit.loaders.model import CHECKPOINT_SUFFIXES, ModelUnderAudit  # noqa: F401 - the loaders' API
+
 _MODULE_SPEC = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)*)(?::([A-Za-z_]\w*))?$")
-
-
-@dataclass
-class ModelUnderAudit:
-    """A model ready to capture, from whatever target kind produced it.
-
-    ``file`` is the file the model came from (the model's .py file, or the ``config.json``); ``weights``
-    names weight files found beside a Hugging Face config (recorded, not read); ``notes`` go into the report.
-    """
-
-    model: nn.Module
-    inputs: Any
-    on_meta: bool
-    kind: str
-    factory: Optional[str] = None
-    origins: dict = field(default_factory=dict)
-    inputs_assumed: Optional[str] = None
-    file: Optional[str] = None
-    weights: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    #: the factory itself (Python targets), for probes that rebuild the model with its real initialisation
-    build_fn: Any = None
 
 
 def is_checkpoint_path(path: Path) -> bool:
@@ -98,7 +73,7 @@ def load_model(target: str) -> ModelUnderAudit:
                                factory=loaded.factory, origins=loaded.origins, file=loaded.file,
                                notes=list(loaded.notes), build_fn=getattr(loaded.module, loaded.factory, None))
     if path.exists():
-        from normaudit.worker import phase
+        from normaudit.phases import phase
 
         if is_checkpoint_path(path):
             phase("checkpoint")
@@ -138,7 +113,7 @@ def load_module_target(module_name: str, factory: str) -> ModelUnderAudit:
     found or imported, or the factory is missing or fails.
     """
     from normaudit.loaders.pyfile import build_from_module, keep_recursion_limit, safe_str, user_error
-    from normaudit.worker import in_worker, phase
+    from normaudit.phases import in_worker, phase
 
     phase("import")
     old = sys.dont_write_bytecode

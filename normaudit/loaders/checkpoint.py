@@ -979,7 +979,7 @@ def checkpoint_target(path: str | Path):
     (``normaudit.audit.checkpoint_only_report``), so an unreadable or refused file is a UsageError there."""
     from torch import nn
 
-    from normaudit.loaders import ModelUnderAudit
+    from normaudit.loaders.model import ModelUnderAudit
 
     path = Path(path)
     return ModelUnderAudit(model=nn.Module(), inputs=(), on_meta=False, kind="checkpoint", file=str(path),

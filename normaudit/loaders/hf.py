@@ -250,7 +250,7 @@ def load_hf_target(path: Path):
     invalid config, absurd sizes (:func:`check_config_limits`), an unknown ``model_type``, custom code of
     an unknown type, or a model transformers fails to build.
     """
-    from normaudit.loaders import ModelUnderAudit
+    from normaudit.loaders.model import ModelUnderAudit
 
     is_dir = path.is_dir()
     config_file = path / "config.json" if is_dir else path

@@ -28,7 +28,7 @@ from torch import nn
 from normaudit.errors import UsageError
 from normaudit.options import split_target  # noqa: F401 - torch-free home (issue 14); imported from here too
 from normaudit.report import SourceLocation
-from normaudit.worker import in_worker, phase
+from normaudit.phases import in_worker, phase
 
 
 @dataclass

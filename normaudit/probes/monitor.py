@@ -42,7 +42,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from normaudit.render.text import ROOT_LABEL
+from normaudit.report import ROOT_LABEL
 
 Phase = Literal["forward", "backward"]
 Action = Literal["record", "warn", "raise"]

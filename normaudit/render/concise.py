@@ -21,7 +21,8 @@ from normaudit.baseline import baselined_count
 from normaudit.render.locations import anchor_in_root, outside_note, project_root
 from normaudit.render.sarif import source_path
 from normaudit.render.style import SEVERITY_STYLES, paint
-from normaudit.render.text import escape_control, group_findings, guard_lines
+from normaudit.render.escape import escape_control, guard_lines
+from normaudit.render.text import group_findings
 from normaudit.report import Report
 
 

@@ -23,7 +23,8 @@ from normaudit.engine.schema import Rule
 from normaudit.render.concise import without_label
 from normaudit.render.locations import anchor_in_root, project_root, relative_to_root
 from normaudit.render.sarif import source_path
-from normaudit.render.text import escape_char, group_findings
+from normaudit.render.escape import escape_char
+from normaudit.render.text import group_findings
 from normaudit.report import Finding, Report, SourceLocation
 
 #: normaudit severity -> workflow command.

@@ -30,7 +30,9 @@ from typing import Optional
 
 from normaudit.engine.schema import Rule
 from normaudit.render.sarif import first_sentence, source_path
-from normaudit.render.text import capture_failures, escaped_report, group_findings, guard_lines
+from normaudit.render.escape import code, escape_cell, guard_lines
+from normaudit.render.numerics_chart import markdown_lines
+from normaudit.render.text import capture_failures, escaped_report, group_findings
 from normaudit.report import SEVERITY_RANK, Block, Finding, Report, Site, SourceLocation
 
 MAX_FINDING_ROWS = 200
@@ -41,22 +43,6 @@ _SEVERITY_ICON = {"error": "\U0001F534", "warning": "\U0001F7E0", "info": "\U000
 
 
 # ---------------------------------------------------------------------------------------------- text
-
-
-def escape_cell(text: str) -> str:
-    """Make ``text`` safe inside a Markdown table cell: ``|`` -> ``\\|``, line breaks -> ``<br>``."""
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return text.replace("|", "\\|").replace("\n", "<br>")
-
-
-def code(text: str) -> str:
-    """Wrap ``text`` in a code span that survives backticks in it and table pipes."""
-    text = text.replace("|", "\\|").replace("\n", " ")
-    fence = "`"
-    while fence in text:
-        fence += "`"
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def _plural(count: int, word: str, plural: Optional[str] = None) -> str:
@@ -433,8 +419,6 @@ def render(report: Report, rules: dict[str, Rule], options=None) -> str:
     out += ["", "### Normalisation sites", ""]
     out += _sites_section(report.sites)
     if report.numerics is not None:  # the chart and table of --probe numerics (normaudit.render.numerics_chart)
-        from normaudit.render.numerics_chart import markdown_lines
-
         out += markdown_lines(report, getattr(options, "numerics_chart", None))
     diagram = mermaid(report)
     if diagram is not None:

@@ -30,6 +30,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
+from normaudit.render.escape import code, escape_cell
 from normaudit.report import Report, Site
 
 INSTALL_HINT = ("The numerics chart needs matplotlib: `pip install 'normaudit[plot]'`; the table below has the "
@@ -183,8 +184,6 @@ def _g(v: Optional[float]) -> str:
 
 
 def _table(sites: list[Site], bad: Optional[int]) -> list[str]:
-    from normaudit.render.markdown import code
-
     lines = ["| Module | eps | stat min / median / max | rows < 10*eps | out abs-max | headroom | role |",
              "|---|---|---|---|---|---|---|"]
     for i, s in enumerate(sites):
@@ -204,8 +203,6 @@ def markdown_lines(report: Report, chart_file: Optional[str] = None) -> list[str
     :data:`MAX_INLINE_CHARS`, else one line says so). Without matplotlib one line
     (:data:`INSTALL_HINT`) says how to get the chart, and the table stays.
     """
-    from normaudit.render.markdown import code, escape_cell
-
     n = report.numerics
     if n is None:
         return []

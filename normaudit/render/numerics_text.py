@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from normaudit.render.text import ROOT_LABEL
-from normaudit.report import Report
+from normaudit.report import ROOT_LABEL, Report
 
 
 def _g(v: Optional[float]) -> str:

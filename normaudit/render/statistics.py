@@ -14,7 +14,7 @@ from collections import Counter
 from typing import Any, Sequence
 
 from normaudit.render.style import SEVERITY_STYLES, paint
-from normaudit.render.text import escape_control
+from normaudit.render.escape import escape_control
 from normaudit.report import SEVERITY_RANK, Report
 
 
