@@ -18,7 +18,7 @@ from torch import nn
 
 from conftest import audit_file, audit_model, family_rules, load_fixture_module, site
 from normaudit.capture import capture_model
-from normaudit.capture.ir import op_name
+from normaudit.vocabulary.graph import op_name
 from normaudit.engine.evaluator import evaluate
 from normaudit.facts.placement import analyse
 from normaudit.facts.sites import discover_sites

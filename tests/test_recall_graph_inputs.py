@@ -124,7 +124,7 @@ def test_norm_of_rows_selected_by_a_mask_is_a_site():
 
 
 def test_sizes_and_rank_of_a_data_dependent_shape():
-    from normaudit.capture.ir import rank, reduction, shape, sizes
+    from normaudit.vocabulary.graph import rank, reduction, shape, sizes
 
     cap = capture_model(MaskedTokens(), (torch.randint(0, 32, (2, 7)),), on_meta=False, methods=("export",))
     means = [n for n in cap.gm.graph.nodes if n.op == "call_function" and "mean" in str(n.target)]

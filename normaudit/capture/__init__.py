@@ -24,6 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.passes.shape_prop import ShapeProp
 
 from normaudit.report import CaptureAttempt
+from normaudit.vocabulary.kinds import norm_modules
 
 
 @dataclass
@@ -589,10 +590,9 @@ def skipped_blocks(gm: fx.GraphModule, modules: dict[str, nn.Module]) -> list[st
     layerdrop``, modeling_vits.py:1113-1115; Fan et al. 2019, arXiv 1909.11556), so a norm of a skipped
     block would be no site. [] for a graph that reached every such block."""
     from normaudit.capture.parts import _under, reached_paths
-    from normaudit.facts.sites import walk_modules
 
     reached = reached_paths(gm, modules)
-    norms = [r.site.module for r in walk_modules(modules) if r.site.module]
+    norms = [path for path, _, _ in norm_modules(modules) if path]
     out: list[str] = []
     for path, mod in modules.items():
         if not isinstance(mod, nn.ModuleList):
@@ -650,17 +650,16 @@ def export_retries(fixed: dict[Any, torch.Tensor],
 def _capture_parts(model: nn.Module, fake_args: Any, mode: FakeTensorMode, modules: dict[str, nn.Module],
                    real_inputs: Any = None, buffers: Optional[dict] = None,
                    dtype: torch.dtype = torch.float32, until: Optional[float] = None) -> tuple[list, Optional[str]]:
-    """:func:`normaudit.capture.parts.capture_parts` over the norm modules ``walk_modules`` finds
+    """:func:`normaudit.capture.parts.capture_parts` over the norm modules :func:`normaudit.vocabulary.kinds.norm_modules` finds
     (``real_inputs``: the example inputs ``fake_args`` were made from; ``buffers``: :func:`integer_buffers`;
     the main tower's inputs alone, :func:`normaudit.loaders.inputs.main_tower_inputs`, record what the
     forward on all inputs does not reach; ``until``: no part capture starts after this ``time.perf_counter()``)."""
     from normaudit.loaders.inputs import main_tower_inputs
 
     from normaudit.capture.parts import capture_parts
-    from normaudit.facts.sites import walk_modules
     from normaudit.loaders.inputs import _forward_params, forward_kwargs
 
-    norm_paths = [r.site.module for r in walk_modules(modules) if r.site.module]
+    norm_paths = [path for path, _, _ in norm_modules(modules) if path]
     if not norm_paths:
         return [], None
     extra = forward_kwargs(_forward_params(model)) if isinstance(fake_args, dict) else {}

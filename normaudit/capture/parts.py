@@ -23,6 +23,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from normaudit.report import CaptureAttempt
+from normaudit.vocabulary.kinds import norm_modules
 
 #: at most this many part captures are tried, and for at most this many seconds in all
 MAX_ATTEMPTS, MAX_SECONDS = 64, 120.0
@@ -343,7 +344,7 @@ def reached_modules(cap: Any) -> set[str]:
 def reached_paths(gm: Any, modules: dict[str, nn.Module]) -> set[str]:
     """Paths of every module of ``modules`` some node of the graph module ``gm`` was computed in (its
     ``nn_module_stack``, or the ``call_module`` target)."""
-    from normaudit.capture.ir import module_stack
+    from normaudit.vocabulary.graph import module_stack
 
     out: set[str] = set()
     for node in gm.graph.nodes:
@@ -367,7 +368,7 @@ def capture_submodels(cap: Any, mode: FakeTensorMode, dtype: torch.dtype, reache
 
     A submodule is tried when no module of ``reached`` (whole-model paths) lies in it, it lies in no part of
     ``taken`` (parts already captured) nor of those found here, no part found here lies in it, and it holds a
-    norm module (``walk_modules``) in none of them. Parts of ``taken`` may lie in it: its graph then replaces
+    norm module (:func:`normaudit.vocabulary.kinds.norm_modules`) in none of them. Parts of ``taken`` may lie in it: its graph then replaces
     them (the caller drops them, :func:`replaced_by`) when it reaches every norm module their graphs reached;
     else it is left to its children. When the submodule alone cannot be captured and holds no part of
     ``taken``, its blocks are (:func:`capture_parts`, on the inputs its own forward gives them); the Hugging
@@ -375,10 +376,8 @@ def capture_submodels(cap: Any, mode: FakeTensorMode, dtype: torch.dtype, reache
     at ``until`` (``time.perf_counter()``; default :data:`MAX_SECONDS` from now). Returns the new parts, with
     ``own_inputs`` set. Never raises.
     """
-    from normaudit.facts.sites import walk_modules
-
     held = [p.path for p in taken]
-    every = [r.site.module for r in walk_modules(cap.modules) if r.site.module]
+    every = [path for path, _, _ in norm_modules(cap.modules) if path]
     norms = [n for n in every if not any(_under(n, p) for p in held) and not any(_under(m, n) for m in reached)]
     found: list[PartCapture] = []
     until = time.perf_counter() + MAX_SECONDS if until is None else until
@@ -516,13 +515,11 @@ def _under(path: str, prefix: str) -> bool:
 
 
 def covers_all(cap: Any) -> bool:
-    """Whether the captured parts of a failed capture hold every norm module (``walk_modules``)."""
-    from normaudit.facts.sites import walk_modules
-
+    """Whether the captured parts of a failed capture hold every norm module (:func:`normaudit.vocabulary.kinds.norm_modules`)."""
     if cap.gm is not None or not getattr(cap, "parts", None):
         return False
     inside = [p.path for p in cap.parts]
-    return all(any(_under(r.site.module, p) for p in inside) for r in walk_modules(cap.modules) if r.site.module)
+    return all(any(_under(path, p) for p in inside) for path, _, _ in norm_modules(cap.modules) if path)
 
 
 def coverage(cap: Any, sites: list) -> tuple[list, list]:
@@ -530,12 +527,11 @@ def coverage(cap: Any, sites: list) -> tuple[list, list]:
     ``UnauditedModule``) for a capture and the sites found from it.
 
     Without a whole-model graph, the ``method`` of a part captured as a model of its own ends with
-    :data:`OWN_INPUTS` (with one, every part is: the note says so). A norm module (as ``walk_modules`` finds
-    them) is unaudited when no site from a graph lies in it: with a
+    :data:`OWN_INPUTS` (with one, every part is: the note says so). A norm module (as :func:`normaudit.vocabulary.kinds.norm_modules`
+    finds them) is unaudited when no site from a graph lies in it: with a
     whole-model graph it was never called by the forward on the inputs used (a vision or speech tower of a
     multimodal model given text only, an unused norm); without one, it lies in no captured part.
     """
-    from normaudit.facts.sites import walk_modules
     from normaudit.report import CapturedPart, UnauditedModule
 
     parts = [CapturedPart(module=p.path, class_name=type(p.capture.root).__name__,
@@ -552,10 +548,9 @@ def coverage(cap: Any, sites: list) -> tuple[list, list]:
     else:
         reason = "the model could not be captured: found by walking named_modules(), no graph facts"
     out = []
-    for rec in walk_modules(cap.modules):
-        path = rec.site.module
+    for path, mod, _ in norm_modules(cap.modules):
         if path and not any(_under(g, path) for g in graphed):
-            out.append(UnauditedModule(module=path, kind=type(rec.module_obj).__name__, reason=reason))
+            out.append(UnauditedModule(module=path, kind=type(mod).__name__, reason=reason))
     return parts, out
 
 

@@ -368,7 +368,7 @@ def _block_path(module: str, stack: Stack) -> Optional[str]:
 
 
 def _residual_adds_in(cap: Any, prefix: str) -> int:
-    from normaudit.capture.ir import owner
+    from normaudit.vocabulary.graph import owner
 
     return sum(1 for n in cap.gm.graph.nodes if "residual" in (n.meta.get("normaudit") or {})
                and _under(owner(n, cap.modules), prefix))
@@ -457,7 +457,7 @@ def _expand(plan: RepeatPlan, cap: Any, facts: Any, config: Optional[dict]) -> N
 def _block_nodes(gm: Any, modules: dict, prefix: str) -> int:
     """Nodes of ``gm`` that belong to the block at ``prefix``: operations computed in it and the placeholders
     (export) or attribute reads (symbolic trace) of its parameters and buffers."""
-    from normaudit.capture.ir import owner
+    from normaudit.vocabulary.graph import owner
 
     # export names a lifted parameter ``p_<path>`` (``p_m_<path>`` under the capture's wrapper), a buffer ``b_``
     lifted = re.compile(rf"^[pbc]_(?:m_)?{re.escape(prefix.replace('.', '_'))}_")

@@ -53,7 +53,7 @@ from typing import Any, Optional
 
 from torch import fx
 
-from normaudit.capture.ir import dtype, op_name, owner
+from normaudit.vocabulary.graph import dtype, op_name, owner
 
 #: in-place methods that only change flags or metadata, not values
 _NOT_VALUES = {"requires_grad_", "retain_grad", "share_memory_", "resize_", "resize_as_", "set_",

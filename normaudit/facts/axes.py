@@ -42,7 +42,7 @@ import torch
 from torch import fx, nn
 
 from normaudit.capture import Capture
-from normaudit.capture.ir import arg, op_name, reduction, shape, tensor_inputs, val
+from normaudit.vocabulary.graph import arg, op_name, reduction, shape, tensor_inputs, val
 
 Label = tuple[str, ...]
 UNK: Label = ("unknown",)

@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from torch import fx
 
-from normaudit.capture.ir import shape
+from normaudit.vocabulary.graph import shape
 from normaudit.facts.axes import flat_labels
 from normaudit.report import ModelFacts
 

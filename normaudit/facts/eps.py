@@ -51,8 +51,8 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import fx
 
-from normaudit.capture.ir import dtype as node_dtype
-from normaudit.capture.ir import NEUTRAL_OPS, op_name, scalar_operand, strip_neutral
+from normaudit.vocabulary.graph import dtype as node_dtype
+from normaudit.vocabulary.graph import NEUTRAL_OPS, op_name, scalar_operand, strip_neutral
 from normaudit.facts.constructor import builds_elsewhere, constructor_eps, constructor_literal_eps
 from normaudit.report import ConfigEps, EpsFacts, Site
 

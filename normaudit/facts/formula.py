@@ -49,8 +49,8 @@ from typing import Any, Optional
 import torch
 from torch import fx, nn
 
-from normaudit.capture.ir import NEUTRAL_OPS, arg, dtype, op_name, owner, reduction, scalar_operand, strip_neutral
-from normaudit.capture.ir import shape as node_shape
+from normaudit.vocabulary.graph import NEUTRAL_OPS, arg, dtype, op_name, owner, reduction, scalar_operand, strip_neutral
+from normaudit.vocabulary.graph import shape as node_shape
 from normaudit.probes.formula import probe_formula, probe_half_precision
 from normaudit.probes.reference import formula_text
 from normaudit.facts.sites import SiteRecord
@@ -656,7 +656,7 @@ def analyse(ctx: Any, records: list[SiteRecord]) -> None:
         owner_nodes = None
         if s.detected_by == "pattern":
             if owned is None:
-                from normaudit.capture.ir import owner
+                from normaudit.vocabulary.graph import owner
                 owned = {}
                 for node in cap.gm.graph.nodes:
                     owned.setdefault(owner(node, cap.modules), set()).add(node)

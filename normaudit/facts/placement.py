@@ -7,7 +7,7 @@ LayerNorm), depth and warm-up of post-LN by Liu et al. 2020 (arXiv 2004.08249). 
 the branch output before the add) follow Ding et al. 2021 (CogView, arXiv 2105.13290) and Gemma 2;
 query/key norms Dehghani et al. 2023 (arXiv 2302.05442).
 
-The pass reads the canonical IR (:mod:`normaudit.capture.ir`), so symbolically traced graphs
+The pass reads the canonical IR (:mod:`normaudit.vocabulary.graph`), so symbolically traced graphs
 (``call_module`` nodes, ``get_attr`` parameters) and exported aten graphs (parameters as ``p_*``
 placeholders, ``nn_module_stack`` on every node) give the same answer.
 
@@ -101,8 +101,9 @@ import torch
 from torch import fx, nn
 
 from normaudit.capture import Capture
-from normaudit.capture.ir import NEUTRAL_OPS, dtype, op_name, owner, shape, tensor_inputs
-from normaudit.facts.sites import SiteRecord, builtin_kind
+from normaudit.vocabulary.graph import NEUTRAL_OPS, dtype, op_name, owner, shape, tensor_inputs
+from normaudit.facts.sites import SiteRecord
+from normaudit.vocabulary.kinds import builtin_kind
 from normaudit.report import Block, ModelFacts
 
 #: value-preserving reshapes the stream may pass through between a norm/residual add and its user

@@ -54,32 +54,11 @@ import torch
 from torch import fx, nn
 
 from normaudit.capture import Capture
-from normaudit.capture.ir import (NEUTRAL_OPS, arg, dtype, op_name, owner, rank, reduction, scalar_operand,
+from normaudit.vocabulary.graph import (NEUTRAL_OPS, arg, dtype, op_name, owner, rank, reduction, scalar_operand,
                                   shape, sizes, strip_neutral)
 from normaudit.report import GroupSplit, Site, SourceLocation
-
-BUILTIN_KINDS: list[tuple[type, str]] = [
-    (nn.LayerNorm, "LayerNorm"),
-    (nn.RMSNorm, "RMSNorm") if hasattr(nn, "RMSNorm") else (nn.LayerNorm, "LayerNorm"),
-    (nn.modules.batchnorm._BatchNorm, "BatchNorm"),
-    (nn.GroupNorm, "GroupNorm"),
-    (nn.modules.instancenorm._InstanceNorm, "InstanceNorm"),
-    (nn.LocalResponseNorm, "LocalResponseNorm"),
-    (nn.CrossMapLRN2d, "LocalResponseNorm"),
-]
-OP_KINDS = {"layer_norm": "LayerNorm", "rms_norm": "RMSNorm", "batch_norm": "BatchNorm",
-            "group_norm": "GroupNorm", "instance_norm": "InstanceNorm", "local_response_norm": "LocalResponseNorm"}
-
-
-def builtin_kind(mod: Optional[nn.Module]) -> Optional[str]:
-    """The kind of a built-in torch.nn norm module, or None for anything else."""
-    if mod is None:
-        return None
-    for cls, kind in BUILTIN_KINDS:
-        if isinstance(mod, cls):
-            return kind
-    return None
-
+from normaudit.vocabulary.graph import FOLLOW, forward_walk
+from normaudit.vocabulary.kinds import OP_KINDS, builtin_kind, norm_modules
 
 @dataclass
 class SiteRecord:
@@ -694,30 +673,6 @@ def _buffer_stat(scale_in: fx.Node, act: Optional[set]) -> Optional[tuple[fx.Nod
 
 
 #: :func:`forward_walk` step result: go on through this user.
-FOLLOW = object()
-
-
-def forward_walk(start: fx.Node, step, depth: int = 6) -> Any:
-    """Breadth-first over the users of ``start``, level by level, at most ``depth`` levels: the bounded forward
-    walk of site discovery and of weight roles. ``step(user, node)`` (``user`` a user of ``node``) returns
-    :data:`FOLLOW` to walk on through ``user``, None to go no further that way, or any other value to end the
-    walk with it. Returns that value, or None when no step ended it."""
-    frontier = [start]
-    for _ in range(depth):
-        nxt = []
-        for n in frontier:
-            for user in n.users:
-                got = step(user, n)
-                if got is FOLLOW:
-                    nxt.append(user)
-                elif got is not None:
-                    return got
-        if not nxt:
-            return None
-        frontier = nxt
-    return None
-
-
 def _apply_to_activation(scale: fx.Node, act: set) -> Optional[tuple[fx.Node, fx.Node, bool]]:
     """Follow ``scale`` (a function of buffers) forward through products with other non-activations and
     reshapes to the mul/div that applies it to an activation: (that node, the activation, a gain was
@@ -1376,20 +1331,13 @@ def _resolve_default_eps(site: Site) -> None:
 
 
 def walk_modules(modules: dict[str, nn.Module], origins: Optional[dict[int, SourceLocation]] = None) -> list[SiteRecord]:
-    """Fallback when no capture worked: norms found by walking ``named_modules()`` (built-ins by class,
-    hand-written ones by a class name containing 'norm' and 1-D parameters)."""
+    """Fallback when no capture worked: norms found by walking ``named_modules()``
+    (:func:`normaudit.vocabulary.kinds.norm_modules`: built-ins by class, hand-written ones by a class name
+    containing 'norm' and 1-D parameters), each a site with the eps its module holds."""
     origins = origins or {}
     out = []
-    for path, mod in modules.items():
-        kind = builtin_kind(mod)
-        name = type(mod).__name__
-        if kind is None:
-            low = name.lower()
-            params = list(mod.parameters(recurse=False))
-            if "norm" not in low or not params or any(p.dim() != 1 for p in params):
-                continue
-            kind = "RMSNorm" if "rms" in low else "LayerNorm" if "layer" in low else "Other"
-        site = Site(module=path, kind=kind, class_name=name, detected_by="module_walk",
+    for path, mod, kind in norm_modules(modules):
+        site = Site(module=path, kind=kind, class_name=type(mod).__name__, detected_by="module_walk",
                     source=origins.get(id(mod)), definition=origins.get(id(mod)))
         if builtin_kind(mod) is not None:
             _module_facts(site, mod, None)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from normaudit.capture.ir import module_stack
+from normaudit.vocabulary.graph import module_stack
 from normaudit.report import UnusedNorm
 
 __all__ = ["called_modules", "unused_norms"]

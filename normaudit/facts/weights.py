@@ -34,7 +34,7 @@ from typing import Any, Optional
 
 from torch import fx, nn
 
-from normaudit.capture.ir import NEUTRAL_OPS, NORM_OPS, arg, op_name, scalar_operand
+from normaudit.vocabulary.graph import FOLLOW, NEUTRAL_OPS, NORM_OPS, arg, forward_walk, op_name, scalar_operand
 from normaudit.report import ShapeMismatch, WeightStats
 
 __all__ = ["GAIN_LEAVES", "BIAS_LEAVES", "param_roles", "site_param_names", "analyse"]
@@ -115,8 +115,6 @@ def _norm_op_role(user: fx.Node, value: fx.Node) -> Optional[str]:
 def _role(node: fx.Node) -> tuple[Optional[str], Optional[str]]:
     """(``gain``/``bias``/None, gain form) of a parameter node: the weight/bias argument of a functional norm, or
     its first arithmetic use (``* p`` gain, ``* (1 + p)`` gain of the (1 + weight) form, ``+ p`` bias)."""
-    from normaudit.facts.sites import FOLLOW, forward_walk
-
     plus_one = False
 
     def step(user: fx.Node, n: fx.Node) -> Any:

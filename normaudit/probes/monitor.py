@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from normaudit.report import ROOT_LABEL
+from normaudit.vocabulary.kinds import norm_modules
 
 Phase = Literal["forward", "backward"]
 Action = Literal["record", "warn", "raise"]
@@ -183,11 +184,9 @@ def _absmax(t: torch.Tensor) -> float:
 
 def norm_kinds(model: nn.Module) -> dict[str, str]:
     """Module path -> norm kind for the norm modules of ``model``, recognised by class as normaudit's module
-    walk does (:func:`normaudit.facts.sites.walk_modules`: torch.nn built-ins, and classes named ``*Norm*``
+    walk does (:func:`normaudit.vocabulary.kinds.norm_modules`: torch.nn built-ins, and classes named ``*Norm*``
     with only 1-D parameters, e.g. ``LlamaRMSNorm``)."""
-    from normaudit.facts.sites import walk_modules
-
-    return {rec.site.module: rec.site.kind for rec in walk_modules(dict(model.named_modules()))}
+    return {path: kind for path, _, kind in norm_modules(dict(model.named_modules()))}
 
 
 class Monitor:

@@ -22,7 +22,7 @@ import torch
 from torch import fx, nn
 
 from normaudit.capture import Capture, fake_inputs
-from normaudit.capture.ir import owner, shape
+from normaudit.vocabulary.graph import owner, shape
 from normaudit.probes.common import axis_dims as _axis_dims
 from normaudit.probes.common import one_line as _one_line, quiet as _quiet
 from normaudit.report import SizeProbe

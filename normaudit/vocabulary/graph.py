@@ -272,3 +272,27 @@ def strip_neutral(node: Any, backward: bool = True) -> Any:
         node = first
         seen += 1
     return node
+
+
+FOLLOW = object()
+
+
+def forward_walk(start: fx.Node, step, depth: int = 6) -> Any:
+    """Breadth-first over the users of ``start``, level by level, at most ``depth`` levels: the bounded forward
+    walk of site discovery and of weight roles. ``step(user, node)`` (``user`` a user of ``node``) returns
+    :data:`FOLLOW` to walk on through ``user``, None to go no further that way, or any other value to end the
+    walk with it. Returns that value, or None when no step ended it."""
+    frontier = [start]
+    for _ in range(depth):
+        nxt = []
+        for n in frontier:
+            for user in n.users:
+                got = step(user, n)
+                if got is FOLLOW:
+                    nxt.append(user)
+                elif got is not None:
+                    return got
+        if not nxt:
+            return None
+        frontier = nxt
+    return None
