@@ -18,7 +18,7 @@ from normaudit.engine.evaluator import evaluate
 from normaudit.engine.loader import load_rules
 from normaudit.engine.schema import Rule
 from normaudit.errors import UsageError
-from normaudit.facts import FactContext, Facts, collect_facts
+from normaudit.facts.context import FactContext, Facts
 from normaudit.facts.eps import ConfigSource
 from normaudit.facts.axes import parse_input_axes
 from normaudit.report import (SEVERITY_RANK, CaptureInfo, Finding, ModelFacts, Report, SourceLocation, Summary,
@@ -28,6 +28,7 @@ from normaudit.loaders.config import is_library, load_config, model_configs
 from normaudit.loaders import ModelUnderAudit, load_model
 from normaudit.loaders.inputs import infer_inputs
 from normaudit.phases import phase
+from normaudit.pipeline import collect_facts
 from normaudit.options import AuditOptions, exit_status  # noqa: F401 - torch-free home (issue 14); imported from here too
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -218,17 +219,14 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
     options = {"dtype": opts.dtype, "batch_size": batch, "checkpoint": ckpt is not None, "capture_method": None,
                "train_error": None, "capture_error": None, "probes": list(opts.probes),
                "config_origin": cfg.origin, "library_model": _library_config(mua.model)}
-    shared = dict(input_axes=declared, options=options, probe_model=mua.model, inputs=inputs, config=cfg.data,
-                  config_source=cfg.source, config_sources=cfg.sources, checkpoint=ckpt)
+    shared = dict(input_axes=declared, probe_model=mua.model, inputs=inputs, config=cfg.data,
+                  config_source=cfg.source, config_sources=cfg.sources, checkpoint=ckpt, dtype=opts.dtype,
+                  batch_size=batch, probes=list(opts.probes), config_origin=cfg.origin,
+                  build_fn=getattr(mua, "build_fn", None), file=mua.file or opts.target)
     fast = getattr(opts, "repeats", True) and not opts.probes and ckpt is None
-    cap, ctx, facts = _capture_facts(opts, mua, inputs, dtype, by_path, shared, fast)
-    section = None
-    if numerics:
-        phase("numerics")
-        from normaudit.probes.numerics import numerics_probe
-
-        section = numerics_probe(ctx, facts.records, getattr(mua, "build_fn", None), mua.file or opts.target,
-                                 backward="numerics-backward" in numerics, autocast="numerics-autocast" in numerics)
+    cap, ctx, facts = _capture_facts(opts, mua, inputs, dtype, by_path, shared, options, fast)
+    section = facts.numerics
+    if section is not None:
         options["numerics"] = section
     phase("rules")
     sites = [r.site for r in facts.records]
@@ -249,12 +247,12 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
 
 
 def _capture_facts(opts: AuditOptions, mua: ModelUnderAudit, inputs: Any, dtype: torch.dtype, by_path: dict,
-                   shared: dict, fast: bool) -> tuple[Any, FactContext, Facts]:
+                   shared: dict, options: dict, fast: bool) -> tuple[Any, FactContext, Facts]:
     """Capture ``mua.model`` and collect its facts: the one place the capture is chosen. With ``fast``, a
     model with stacks of identical blocks is captured with each stack reduced to four blocks and the facts
     carried over to the others (:mod:`normaudit.capture.repeats`); whenever that cannot be proven exact, the
     full model is captured. Returns ``(capture, context, facts)``; ``context.cap`` sees the full model's
-    modules. Sets ``capture_method``, ``train_error`` and ``capture_error`` in ``shared["options"]``."""
+    modules. Sets ``capture_method``, ``train_error`` and ``capture_error`` in the rules' ``options``."""
     from normaudit.capture import repeats
     from normaudit.capture.parts import covers_all
 
@@ -274,17 +272,16 @@ def _capture_facts(opts: AuditOptions, mua: ModelUnderAudit, inputs: Any, dtype:
     # Capture works on its own copy of a real model: carry the construction lines over by module path.
     origins = dict(mua.origins)
     origins.update({id(cap.modules[n]): loc for n, loc in by_path.items() if n in cap.modules})
-    options = shared["options"]
     options.update({"capture_method": "parts" if covers_all(cap) else cap.method, "train_error": cap.train_error,
                     "capture_error": next((a.error for a in cap.attempts if not a.ok), None)})
-    ctx = FactContext(cap=cap, origins=origins, **shared)
+    ctx = FactContext(cap=cap, origins=origins, train_error=cap.train_error, **shared)
     phase("facts")
+    facts = collect_facts(ctx, plan)
     if plan is None:
-        return cap, ctx, collect_facts(ctx)
-    facts = repeats.collect_facts_repeated(ctx, plan)
+        return cap, ctx, facts
     if facts is None:
         phase("capture")
-        return _capture_facts(opts, mua, inputs, dtype, by_path, shared, False)
+        return _capture_facts(opts, mua, inputs, dtype, by_path, shared, options, False)
     for attempt in cap.attempts:
         if attempt.ok:
             attempt.method += " (depth-independent: " + "; ".join(

@@ -192,7 +192,7 @@ def _pipeline(model, inputs, method, dtype=torch.float32):
     """capture with ``method`` alone -> thread/untangle in-place reads -> sites -> placement -> aliasing;
     returns ``(records, model facts)``."""
     from normaudit.capture import capture_model
-    from normaudit.facts import ModelFacts
+    from normaudit.report import ModelFacts
     from normaudit.facts import aliasing, placement
     from normaudit.facts.sites import discover_sites
 

@@ -6,7 +6,7 @@ reference cases and the transformers tiny configs of test_hf_models (deepened so
 A model without a stack never takes the fast path (``plan_repeats`` is None: the same code runs either way),
 so only the models with one are audited twice. To make the fast path engage on the suite's shallow models,
 stacks of five blocks count (``MIN_BLOCKS``) and the size probe's default node limit is 0 in both paths
-(the size probe runs only on graphs the full capture keeps, see ``collect_facts_repeated``).
+(the size probe runs only on graphs the full capture keeps, see ``normaudit.pipeline.carry.reduced_context``).
 """
 from __future__ import annotations
 

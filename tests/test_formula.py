@@ -20,7 +20,7 @@ from torch import nn
 from conftest import CASES, audit_file, audit_model, load_fixture_module, loud, requires_cases, site
 from normaudit.engine.evaluator import evaluate
 from normaudit.engine.loader import load_rule_file
-from normaudit.facts import formula as formula_pass
+from normaudit.probes import formula_confirm
 from normaudit.render.text import render
 from normaudit.report import Formula, ModelFacts, Site
 
@@ -96,7 +96,7 @@ def _variants_report(mode: str):
     """The audit of :class:`AllVariants` in ``mode``: a dtype, or ``graph`` (float32, probe disabled)."""
     with pytest.MonkeyPatch.context() as mp:
         if mode == "graph":
-            mp.setattr(formula_pass, "MAX_PROBE_PARAMS", 0)
+            mp.setattr(formula_confirm, "MAX_PROBE_PARAMS", 0)
         return audit_model(AllVariants(), (torch.randn(2, 5, D),), rules=NO_RULES,
                            dtype="float32" if mode == "graph" else mode)
 
@@ -190,8 +190,8 @@ def test_transformers_rmsnorms(name, dtype, rules):
 # ------------------------------------------------------------------ probing: where, how often, who wins
 def test_identical_modules_probed_once(monkeypatch):
     calls = []
-    real = formula_pass.probe_formula
-    monkeypatch.setattr(formula_pass, "probe_formula", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
+    real = formula_confirm.probe_formula
+    monkeypatch.setattr(formula_confirm, "probe_formula", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
 
     class Net(nn.Module):
         def __init__(self):

@@ -309,7 +309,8 @@ def test_references_match_torch():
 
 
 def test_formula_text():
-    ft = ref.formula_text
+    from normaudit.facts.formula_text import formula_text as ft
+
     assert ft("LayerNorm", Formula(mean_subtracted=True, variance="population", eps_position="inside_sqrt",
                                    gain="weight", bias=True), ["feature"]) == \
         "LayerNorm: (x - mean) / sqrt(var_pop + eps) * w + b over [feature]"

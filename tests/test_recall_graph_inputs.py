@@ -19,7 +19,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from normaudit.capture import capture_model
-from normaudit.facts import FactContext, collect_facts
+from normaudit.facts.context import FactContext
+from normaudit.pipeline import collect_facts
 
 METHODS = ["symbolic_trace", "export"]
 

@@ -11,7 +11,8 @@ from torch import nn
 
 from conftest import CASES, audit_model, site
 from normaudit.capture import capture_model
-from normaudit.facts import FactContext, collect_facts
+from normaudit.facts.context import FactContext
+from normaudit.pipeline import collect_facts
 
 
 class AllBuiltins(nn.Module):

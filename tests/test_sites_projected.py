@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from normaudit.capture import capture_model
-from normaudit.facts import FactContext, collect_facts
+from normaudit.facts.context import FactContext
+from normaudit.pipeline import collect_facts
 
 
 class UnweightedInverseRMS(nn.Module):

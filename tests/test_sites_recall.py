@@ -17,7 +17,8 @@ from torch.nn import functional as F
 
 from conftest import audit_model, family_rules, load_fixture_module
 from normaudit.capture import capture_model
-from normaudit.facts import FactContext, collect_facts
+from normaudit.facts.context import FactContext
+from normaudit.pipeline import collect_facts
 
 R = load_fixture_module(Path(__file__).parent / "fixtures" / "sites_recall" / "recall_models.py")
 METHODS = ["symbolic_trace", "export"]
@@ -185,7 +186,7 @@ def test_channels_first_layer_norms_are_confirmed_by_the_probe(method, cls, eps)
 
 
 def test_probe_layout_undoes_the_permute_of_a_channels_first_norm():
-    from normaudit.facts.formula import module_input_layout
+    from normaudit.probes.formula_confirm import module_input_layout
 
     cap = capture_model(Conv(R.LayerNorm2d(8)), (torch.randn(*IMG),), on_meta=False, methods=("export",))
     rec = collect_facts(FactContext(cap=cap)).records[0]

@@ -12,7 +12,8 @@ from torch import nn
 
 from normaudit.capture import capture_model
 from normaudit.capture.hop import inline_wrapped_regions
-from normaudit.facts import FactContext, collect_facts
+from normaudit.facts.context import FactContext
+from normaudit.pipeline import collect_facts
 
 
 class Indexer(nn.Module):

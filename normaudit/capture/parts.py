@@ -453,59 +453,6 @@ def own_inputs(mod: nn.Module) -> Optional[dict[str, torch.Tensor]]:
     return built[0] if built is not None else None
 
 
-def facts_of_parts(ctx: Any, parts: list[PartCapture], walked: list) -> tuple[list, Any]:
-    """Site records of every part (module paths made whole-model paths), plus the ``walked`` records
-    (``normaudit.facts.sites.walk_modules``) of norm modules no part holds, and the ModelFacts of the part
-    with the most sites (blocks of every part, by whole-model path). Each part runs the graph passes of
-    :func:`normaudit.facts.collect_facts` (sites, axes, placement, formula, BatchNorm facts) on its own
-    graph; the size and batch probes, which re-run the whole model, do not run for parts."""
-    from normaudit.facts import FactContext, graph_facts
-    from normaudit.report import ModelFacts
-
-    records: list = []
-    best, best_count, blocks = None, -1, []
-    for part in parts:
-        probe = None
-        if ctx.probe_model is not None:
-            with contextlib.suppress(AttributeError):
-                probe = ctx.probe_model.get_submodule(part.path)
-        sub = FactContext(cap=part.capture, origins=ctx.origins, input_axes=None, options=dict(ctx.options or {}),
-                          probe_model=probe, inputs=None, config=ctx.config, config_source=ctx.config_source)
-        facts = ModelFacts(class_name=type(part.capture.root).__name__)
-        recs = graph_facts(sub, facts)
-        repeated = part.path.rpartition(".")[2].isdigit()  # one of a stack of numbered blocks
-        for rec in recs:
-            inner = rec.site.module
-            rec.site.module = _join(part.path, rec.site.module)
-            if rec.site.block is not None:
-                rec.site.block = _join(part.path, rec.site.block)
-            elif repeated and rec.site.placement in ("pre", "post", "sandwich"):
-                rec.site.block = part.path  # the part is the block around this residual norm
-                _block_of(facts, part).norms[inner] = rec.site.placement
-            rec.site.extra["captured_part"] = part.path
-        for b in facts.blocks:
-            b.path = b.path if b.path == part.path else _join(part.path, b.path)
-        blocks += facts.blocks
-        if len(recs) > best_count:
-            best, best_count = facts, len(recs)
-        records += recs
-    inside = [p.path for p in parts]
-    records += [r for r in walked if not any(_under(r.site.module, p) for p in inside)]
-    if best is not None:
-        best.blocks = blocks
-    return records, best
-
-
-def _block_of(facts: Any, part: PartCapture) -> Any:
-    from normaudit.report import Block
-
-    for b in facts.blocks:
-        if b.path == part.path:
-            return b
-    facts.blocks.append(Block(path=part.path, class_name=type(part.capture.root).__name__))
-    return facts.blocks[-1]
-
-
 def _join(prefix: str, path: str) -> str:
     return f"{prefix}.{path}" if path else prefix
 

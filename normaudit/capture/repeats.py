@@ -16,23 +16,14 @@ and facts up to its module path. Here:
    an eager forward on fake tensors calls the kept blocks once each, in order, and blocks ``1``, ``2`` and
    ``N-1`` receive inputs of identical shapes and dtypes (keyword inputs too) and return their first input's
    shape; and no kept block reads its block number (:data:`INDEX_ATTRS`, left out of the signature) meanwhile.
-4. :func:`expand_facts` checks translation invariance (the sites of block 1, renamed to block 2, equal those of
-   block 2, extras and placement included; both are middle blocks) and then clones the sites of block 2 for each
-   elided block ``3 .. N-2``, renamed, inserting them in graph order; ``model.blocks``,
-   ``num_residual_adds``, ``num_parameters``, ``stack_blocks``, ``majority_*`` and the GroupNorm config facts
-   are recomputed over the expanded model. A site of another block that names a stack block (a norm of block
-   N-1 reading one of block 2) or anything it cannot carry over makes it return None: the caller then captures
-   the full model (never a guess).
-
-The result is the report of the full capture (tests/test_depth_independent.py compares the JSON of both paths
-on every test model) at the capture cost of four blocks per stack.
+4. The fact pipeline (:mod:`normaudit.pipeline.carry`) proves the facts of the reduced capture
+   translation-invariant and carries them to the elided blocks, or the caller captures the full model (never
+   a guess). :func:`full_graph_nodes` and :func:`full_view` give it the full model's node count and modules.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -321,137 +312,8 @@ def _shape_only(v: Any) -> Any:
     return v[0] if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], torch.dtype) else v
 
 
-class _Elide(Exception):
-    """The facts of the reduced capture cannot be carried over: capture the full model."""
-
-
-def _renamer(old: str, new: str):
-    """A function returning a copy of a value (a string, a pydantic model, containers of them) with the module
-    path ``old`` renamed ``new`` wherever it is a whole path or a path's prefix (``layers.2.mlp``, not
-    ``layers.20``). The copy is as deep as ``copy.deepcopy``: models and containers are rebuilt, other
-    mutable leaves deep-copied."""
-    pat = re.compile(rf"(?<![\w.]){re.escape(old)}(?![\w])")
-    from pydantic import BaseModel
-
-    def rename(v: Any) -> Any:
-        if isinstance(v, str):
-            return pat.sub(new, v) if old in v else v
-        if v is None or isinstance(v, (bool, int, float)):
-            return v
-        if isinstance(v, BaseModel):
-            return v.model_copy(update={name: rename(getattr(v, name)) for name in type(v).model_fields})
-        if isinstance(v, dict):
-            return {rename(k): rename(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return type(v)(rename(x) for x in v)
-        return copy.deepcopy(v)
-    return rename
-
-
 def _under(path: Optional[str], prefix: str) -> bool:
     return path is not None and (path == prefix or path.startswith(prefix + "."))
-
-
-def _dump(v: Any) -> str:
-    return json.dumps(v.model_dump(mode="json"), sort_keys=True)
-
-
-def _references(text: str, stack: Stack) -> set[str]:
-    """The stack's block paths named in ``text`` (a JSON dump)."""
-    names = "|".join(re.escape(n) for n in stack.kept)
-    prefix = re.escape(stack.child(""))
-    return {m.group(0) for m in re.finditer(rf"(?<![\w.]){prefix}(?:{names})(?![\w])", text)}
-
-
-def _block_path(module: str, stack: Stack) -> Optional[str]:
-    return next((stack.child(n) for n in stack.kept if _under(module, stack.child(n))), None)
-
-
-def _residual_adds_in(cap: Any, prefix: str) -> int:
-    from normaudit.vocabulary.graph import owner
-
-    return sum(1 for n in cap.gm.graph.nodes if "residual" in (n.meta.get("normaudit") or {})
-               and _under(owner(n, cap.modules), prefix))
-
-
-def expand_facts(plan: RepeatPlan, cap: Any, facts: Any, config: Optional[dict]) -> Optional[Any]:
-    """Carry the facts of the reduced capture ``cap`` (its :class:`normaudit.facts.Facts` ``facts``, changed in
-    place) over to the full model (module docstring, step 4). Returns ``facts`` or None when they cannot be
-    carried over exactly."""
-    try:
-        _expand(plan, cap, facts, config)
-    except _Elide:
-        return None
-    return facts
-
-
-def _expand(plan: RepeatPlan, cap: Any, facts: Any, config: Optional[dict]) -> None:
-    from types import SimpleNamespace
-
-    from normaudit.facts import batchnorm as batchnorm_pass
-    from normaudit.facts import placement
-    from normaudit.facts.sites import SiteRecord
-
-    model = facts.model
-    full_modules = full_view(plan, cap)
-    majority = False
-    for rec in facts.records:
-        majority |= rec.site.extra.pop("majority_placement", None) is not None
-        rec.site.extra.pop("majority_blocks", None)
-    texts = [_dump(r.site) for r in facts.records]
-    unused = [_dump(u) for u in model.unused_norms] + list(facts.notes)
-    for s in plan.stacks:
-        rep, chk = s.child(s.rep), s.child(s.check)
-        for rec, text in zip(facts.records, texts):  # a site names only its own block of the stack
-            own = _block_path(rec.site.module, s)
-            if _references(text, s) - {own}:
-                if own is None and _references(text, s) <= {s.child(s.kept[0]), s.child(s.kept[-1])}:
-                    continue  # outside the stack naming its first or last block: the same in the full model
-                raise _Elide
-        if any(_references(u, s) for u in unused):
-            raise _Elide
-        in_rep = [i for i, r in enumerate(facts.records) if _under(r.site.module, rep)]
-        in_chk = [i for i, r in enumerate(facts.records) if _under(r.site.module, chk)]
-        to_rep = _renamer(chk, rep)
-        if len(in_rep) != len(in_chk) or any(to_rep(texts[a]) != texts[b] for a, b in zip(in_chk, in_rep)):
-            raise _Elide  # the two middle blocks differ: not translation invariant
-        blocks = {b.path: i for i, b in enumerate(model.blocks)}
-        if (rep in blocks) != (chk in blocks) or (
-                rep in blocks and to_rep(_dump(model.blocks[blocks[chk]])) != _dump(model.blocks[blocks[rep]])):
-            raise _Elide
-        adds = _residual_adds_in(cap, rep)
-        if adds != _residual_adds_in(cap, chk):
-            raise _Elide
-        clones, block_clones = [], []
-        for name in s.elided:
-            new = s.child(name)
-            rename = _renamer(rep, new)
-            for i in in_rep:
-                site = rename(facts.records[i].site)
-                clones.append(SiteRecord(site=site, module_obj=full_modules.get(site.module),
-                                         hints=dict(facts.records[i].hints)))
-            if rep in blocks:
-                block_clones.append(rename(model.blocks[blocks[rep]]))
-        if in_rep:
-            at = in_rep[-1] + 1
-            facts.records[at:at] = clones
-            texts[at:at] = [""] * len(clones)
-        if rep in blocks:
-            model.blocks[blocks[rep] + 1:blocks[rep] + 1] = block_clones
-        model.num_residual_adds += adds * len(s.elided)
-    for rec in facts.records:
-        if "stack_blocks" in rec.site.extra:
-            rec.site.extra["stack_blocks"] = placement._stack_size(model.blocks, rec.site.block)
-    placement._mark_mixed(model.blocks, [SimpleNamespace(rec=r) for r in facts.records])
-    if majority != any("majority_placement" in r.site.extra for r in facts.records):
-        raise _Elide  # the model's placement (mixed or not) would change
-    # as the full capture counts them: the captured (materialised) model's parameters plus the elided blocks'
-    model.num_parameters = sum(p.numel() for p in cap.root.parameters()) + sum(
-        p.numel() for s in plan.stacks for name in s.elided
-        for p in plan.full.get_submodule(s.child(name)).parameters())
-    if "groupnorm_config" in model.extra:
-        model.extra["groupnorm_config"] = batchnorm_pass.groupnorm_config_facts(
-            config or {}, [r.site for r in facts.records])
 
 
 def _block_nodes(gm: Any, modules: dict, prefix: str) -> int:
@@ -482,44 +344,6 @@ def full_graph_nodes(plan: RepeatPlan, cap: Any) -> Optional[int]:
             return None
         total += rep * len(s.elided)
     return total
-
-
-def collect_facts_repeated(ctx: Any, plan: RepeatPlan) -> Optional[Any]:
-    """:func:`normaudit.facts.collect_facts` for the reduced capture ``ctx.cap`` of ``plan``: the graph passes,
-    weights, numerics and usage on the reduced graph, then :func:`expand_facts`, then the eps pass (it compares
-    each norm's eps with its peers) over the full model's sites. The size probe runs by default only on graphs
-    of at most ``SIZE_PROBE_MAX_NODES`` nodes: the full graph's count decides (:func:`full_graph_nodes`), and a
-    model whose full graph is small enough for it is left to the full capture (None). None whenever the
-    facts cannot be carried over exactly."""
-    from normaudit.facts import Facts, graph_facts
-    from normaudit.facts import eps as eps_pass
-    from normaudit.facts import numerics as numerics_pass
-    from normaudit.facts import usage as usage_pass
-    from normaudit.facts import weights as weights_pass
-    from normaudit.probes import size
-    from normaudit.report import ModelFacts
-
-    cap = ctx.cap
-    probes = list((ctx.options or {}).get("probes") or [])
-    if cap.gm is None or cap.parts or probes:
-        return None
-    n_nodes = full_graph_nodes(plan, cap)
-    if n_nodes is None or n_nodes <= size.SIZE_PROBE_MAX_NODES:
-        return None
-    model = ModelFacts(class_name=type(cap.root).__name__)
-    records = graph_facts(ctx, model)
-    notes = [f"size probe skipped: the graph has {n_nodes} nodes (default limit {size.SIZE_PROBE_MAX_NODES}); "
-             f"'--probe size' runs it"] if records else []
-    notes += weights_pass.analyse(ctx, records)
-    numerics_pass.analyse(ctx, records)
-    model.unused_norms = usage_pass.unused_norms(ctx, records)
-    notes += [n for n in [usage_pass.unused_note(model.unused_norms)] if n]
-    facts = Facts(records=records, model=model, notes=notes)
-    if expand_facts(plan, cap, facts, ctx.config) is None:
-        return None
-    eps_pass.analyse(dataclasses.replace(ctx, cap=dataclasses.replace(cap, modules=full_view(plan, cap))),
-                     facts.records)
-    return facts
 
 
 def full_view(plan: RepeatPlan, cap: Any) -> dict[str, nn.Module]:

@@ -425,3 +425,14 @@ def analyse(cap: Any, records: list) -> None:
         found = site_alias(cap, rec, order)
         if found is not None:
             rec.site.extra["inplace_alias"] = found
+
+
+def run_dataflow(ctx: Any, facts: Any) -> None:
+    """Pass ``inplace-dataflow``: in-place ops read as dataflow inside their module (:func:`thread_inplace`),
+    before any pass reads the graph."""
+    thread_inplace(ctx.cap.gm, ctx.cap.modules)
+
+
+def run(ctx: Any, facts: Any) -> None:
+    """Pass ``aliasing``: :func:`analyse` over the graph's sites."""
+    analyse(ctx.cap, facts.records)

@@ -179,8 +179,7 @@ def analyse(ctx: Any, records: list, model: ModelFacts, env: dict[fx.Node, Any])
     ``env`` is the axis pass's node -> labels map (:func:`normaudit.facts.axes.label_graph`); ``ctx`` a
     :class:`normaudit.facts.FactContext` (reads ``options["batch_size"]``, ``config``, ``inputs``).
     """
-    options = ctx.options or {}
-    micro = options.get("batch_size")
+    micro = ctx.batch_size
     calls = Counter(r.site.module for r in records if r.site.kind == "BatchNorm")
     example_batch = _example_batch(ctx)
     mask = None
@@ -203,7 +202,7 @@ def analyse(ctx: Any, records: list, model: ModelFacts, env: dict[fx.Node, Any])
                 values = values // example_batch * int(micro)
             s.extra["values_per_channel"] = int(values)
             if values == 1 and s.training:
-                texts = [options.get("train_error")] + [a.error for a in getattr(ctx.cap, "attempts", [])]
+                texts = [ctx.train_error] + [a.error for a in getattr(ctx.cap, "attempts", [])]
                 raised = next((m for m in map(_one_value_error, texts) if m), None)
                 if raised is None and micro:
                     raised = (f"Expected more than 1 value per channel when training, got input size "
@@ -219,7 +218,6 @@ def analyse(ctx: Any, records: list, model: ModelFacts, env: dict[fx.Node, Any])
             s.extra["model_input"] = input_source(rec.input, modules)
             if "causal_attention" not in model.extra:
                 model.extra["causal_attention"] = causal_op(ctx.cap.gm.graph if ctx.cap and ctx.cap.gm else None)
-    model.extra["groupnorm_config"] = groupnorm_config_facts(ctx.config or {}, [r.site for r in records])
 
 
 #: ops a convolution's output passes through on its way to the norm without ceasing to be a conv map
@@ -402,3 +400,15 @@ def _example_batch(ctx: Any) -> Optional[int]:
     if isinstance(first, torch.Tensor) and first.dim() > 0:
         return int(first.shape[0])
     return None
+
+
+def run(ctx: Any, facts: Any) -> None:
+    """Pass ``batchnorm``: :func:`analyse` over the graph's sites, with the axis labels of its nodes."""
+    analyse(ctx, facts.records, facts.model, facts.node_axes)
+
+
+def run_groupnorm_config(ctx: Any, facts: Any) -> None:
+    """Pass ``groupnorm-config``: the configuration's GroupNorm group counts that do not divide the channels it
+    declares (:func:`groupnorm_config_facts`), over every GroupNorm site of the whole model
+    (``model.extra["groupnorm_config"]``)."""
+    facts.model.extra["groupnorm_config"] = groupnorm_config_facts(ctx.config or {}, [r.site for r in facts.records])

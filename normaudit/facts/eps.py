@@ -241,7 +241,7 @@ _LAYOUT_OPS = ("view", "reshape", "_unsafe_view", "permute", "transpose", "conti
 def _sources(ctx: Any) -> list[ConfigSource]:
     sources: list[ConfigSource] = list(getattr(ctx, "config_sources", None) or [])
     if not sources and getattr(ctx, "config", None):
-        origin = (getattr(ctx, "options", None) or {}).get("config_origin") or "model"
+        origin = getattr(ctx, "config_origin", None) or "model"
         sources = [ConfigSource(origin, ctx.config_source or "the config", ctx.config)]
     return sources
 
@@ -439,3 +439,8 @@ def assign_peers(sites: list[Site], modules: Mapping[str, Any]) -> None:
             e = members[i].eps_facts
             e.peers, e.peer_eps, e.peer_count = len(idx), majority, (n if majority is not None else 0)
             e.role = labels.get(idx[0])
+
+
+def run(ctx: Any, facts: Any) -> None:
+    """Pass ``eps``: :func:`analyse` over every site of the whole model (peers compare across all of them)."""
+    analyse(ctx, facts.records)

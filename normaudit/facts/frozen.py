@@ -76,3 +76,8 @@ def analyse(ctx: Any, records: list) -> None:
                                eval_as_built=not mod.training, model_trainable=trainable,
                                after_train=after.get(s.module) if after is not None else None,
                                train_override=overrides)
+
+
+def run(ctx: Any, facts: Any) -> None:
+    """Pass ``frozen``: :func:`analyse` over the sites."""
+    analyse(ctx, facts.records)

@@ -99,9 +99,14 @@ def analyse(ctx: Any, records: list) -> None:
     ckpt = getattr(ctx, "checkpoint", None)
     if ckpt is None:
         return
-    dtype = str((ctx.options or {}).get("dtype") or "float32")
+    dtype = str(ctx.dtype or "float32")
     for rec in records:
         site, w = rec.site, rec.site.weights
         if w is None or w.source != "checkpoint" or w.gain_min is None or site.kind not in BOUNDED_KINDS:
             continue
         bound_from_values(site, w.gain_min, w.gain_max, _bias_absmax(ckpt, w.keys), "checkpoint", dtype)
+
+
+def run(ctx: Any, facts: Any) -> None:
+    """Pass ``numerics-bound``: :func:`analyse` over every site."""
+    analyse(ctx, facts.records)

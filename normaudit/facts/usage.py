@@ -94,3 +94,9 @@ def unused_note(unused: list[UnusedNorm]) -> Optional[str]:
         return None
     names = ", ".join(u.module for u in unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
     return f"{len(unused)} norm module(s) registered but never applied by the forward: {names}"
+
+
+def run(ctx: Any, facts: Any) -> None:
+    """Pass ``usage``: the model's unused norms (:func:`unused_norms`) and the note naming them."""
+    facts.model.unused_norms = unused_norms(ctx, facts.records)
+    facts.notes += [n for n in [unused_note(facts.model.unused_norms)] if n]

@@ -287,3 +287,8 @@ def _site_weights(ckpt, site, names: list[str], roles: dict[str, str], mapping: 
     ws.unexpected = unexpected
     ws.renamed = renamed
     return ws
+
+
+def run(ctx: Any, facts: Any) -> None:
+    """Pass ``weights``: :func:`analyse` over every site, its notes onto the report's."""
+    facts.notes += analyse(ctx, facts.records)

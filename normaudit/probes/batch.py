@@ -234,3 +234,9 @@ def _compare(records: list, measured: dict, record_a: dict, record_b: dict) -> i
         s.batch_probe.coupled = not (change <= tol)
         coupled += bool(s.batch_probe.coupled)
     return coupled
+
+
+def run(ctx: Any, facts: Any) -> None:
+    """Pass ``batch-probe``: :func:`batch_probe` when ``--probe batch`` asks for it."""
+    if "batch" in ctx.probes and ctx.cap.gm is not None and facts.records:
+        facts.notes += batch_probe(ctx, facts.records, facts.node_axes)

@@ -36,7 +36,8 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from normaudit.probes.reference import VARIANTS, Variant, formula_text
+from normaudit.facts.formula_text import formula_text
+from normaudit.probes.reference import VARIANTS, Variant
 from normaudit.report import Formula
 
 

@@ -43,6 +43,7 @@ from torch import nn
 
 from normaudit.errors import UsageError
 from normaudit.facts.numerics import DTYPE_MAX, bound_from_values
+from normaudit.phases import phase
 from normaudit.probes.common import call_model, materialise, one_line, out_tensor, quiet
 from normaudit.report import ModuleNumerics, NumericsReport, SiteNumerics, TensorStats
 
@@ -492,7 +493,7 @@ def _run(model: nn.Module, inputs: Any, rec: Recorder, backward: bool, amp: Any)
 def numerics_probe(ctx: Any, records: list, build_fn: Any = None, where: Optional[str] = None,
                    backward: bool = False, autocast: bool = False) -> NumericsReport:
     """Run the numerics probe (module docstring) on ``ctx.probe_model`` with ``ctx.inputs`` in
-    ``ctx.options["dtype"]``; sets ``site.numerics`` of the measured sites and returns the ``numerics`` section.
+    ``ctx.dtype``; sets ``site.numerics`` of the measured sites and returns the ``numerics`` section.
     With ``autocast`` (``--probe numerics-autocast``) the weights stay float32 and the run is under
     ``torch.autocast(device, dtype)``, as mixed-precision training runs (matmuls in the dtype, reductions such
     as layer_norm in float32).
@@ -500,7 +501,7 @@ def numerics_probe(ctx: Any, records: list, build_fn: Any = None, where: Optiona
     A model that cannot be built or run leaves ``error`` set (and nothing measured) rather than failing the
     audit; a factory that fails on its second call raises UsageError.
     """
-    dtype_name = str((ctx.options or {}).get("dtype") or "float32")
+    dtype_name = str(ctx.dtype or "float32")
     device = pick_device()
     ckpt = getattr(ctx, "checkpoint", None)
     autocast = autocast and dtype_name != "float32"
@@ -599,3 +600,14 @@ def _fill(report: NumericsReport, rec: Recorder, records: list, model: nn.Module
         report.notes.append(f"numerics probe: {len(skipped)} site(s) not measured (computed inline in a larger "
                             f"module's forward, or not called): {', '.join(skipped[:5])}"
                             + (" ..." if len(skipped) > 5 else ""))
+
+
+def run(ctx: Any, facts: Any) -> None:
+    """Pass ``numerics-probe``: :func:`numerics_probe` when ``--probe numerics`` (``numerics-backward``,
+    ``numerics-autocast``) asks for it, its section in ``facts.numerics``."""
+    asked = [p for p in ctx.probes if p.startswith("numerics")]
+    if not asked:
+        return
+    phase("numerics")
+    facts.numerics = numerics_probe(ctx, facts.records, ctx.build_fn, ctx.file,
+                                    backward="numerics-backward" in asked, autocast="numerics-autocast" in asked)

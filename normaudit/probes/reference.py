@@ -29,9 +29,6 @@ Variance = Literal["population", "unbiased", "mean_square"]
 EpsPosition = Literal["inside_sqrt", "outside_sqrt"]
 Gain = Literal["weight", "one_plus_weight", "none"]
 
-MEAN_SUBTRACTING_KINDS = ("LayerNorm", "BatchNorm", "GroupNorm", "InstanceNorm")
-
-
 def _stat(x: torch.Tensor, dims: Sequence[int], variance: Variance) -> tuple[torch.Tensor, torch.Tensor]:
     """(centred x, statistic) in float64; the statistic keeps reduced dims (size 1) for broadcasting."""
     x = x.double()
@@ -132,41 +129,3 @@ VARIANTS: tuple[Variant, ...] = tuple(
     for inv in (False, True)
     for pos in (("inside_sqrt",) if inv else ("inside_sqrt", "outside_sqrt"))
 )
-
-
-def formula_text(kind: str, formula, axes: Sequence[str] = ()) -> str:
-    """One short human form of what a site computes, e.g.
-    ``LayerNorm: (x - mean) / sqrt(var_pop + eps) * w + b over [feature]`` or
-    ``RMSNorm: x / sqrt(mean(x^2) + eps) * (1 + w) over [feature]``.
-
-    ``formula`` is a ``normaudit.report.Formula`` (or anything with its attributes); facts left None are
-    filled with the textbook value for ``kind`` (mean-subtracting kinds: population variance), and facts
-    that are ``unknown`` print as ``?``."""
-    get = lambda name: getattr(formula, name, None)  # noqa: E731
-    mean = get("mean_subtracted")
-    if mean is None:
-        mean = kind in MEAN_SUBTRACTING_KINDS
-    variance = get("variance") or ("population" if mean else "mean_square")
-    pos = get("eps_position") or "inside_sqrt"
-    c = "(x - mean)" if mean else "x"
-    stat = {"population": "var_pop", "unbiased": "var_unbiased", "mean_square": "mean(x^2)",
-            "none": None}.get(variance, "var?")
-    if stat is None:
-        body = c
-    elif get("inverted_scale"):
-        body = f"{c} * sqrt({stat} + eps)"
-    elif pos == "outside_sqrt":
-        body = f"{c} / (sqrt({stat}) + eps)"
-    elif pos == "clamp":
-        body = f"{c} / max(sqrt({stat}), eps)"
-    elif pos == "none":
-        body = f"{c} / sqrt({stat})"
-    elif pos == "unknown":
-        body = f"{c} / sqrt({stat}) [eps ?]"
-    else:
-        body = f"{c} / sqrt({stat} + eps)"
-    body += {"weight": " * w", "one_plus_weight": " * (1 + w)", "none": "", "unknown": " * g(w)?"}.get(
-        get("gain") or "weight", "")
-    if get("bias") or (get("bias") is None and mean and kind != "RMSNorm"):
-        body += " + b"
-    return f"{kind}: {body} over [{', '.join(axes) or '?'}]"

@@ -384,7 +384,7 @@ def _probe_eager(cap: Capture, records: list, old_args: Any, new_args: Any, plan
 def size_probe(ctx: Any, records: list) -> list[str]:
     """Run the size probe (module docstring) and set ``site.size_probe`` on ``records``; returns notes.
 
-    ``ctx`` is a :class:`normaudit.facts.FactContext` (reads ``cap``, ``inputs``, ``options["dtype"]``).
+    ``ctx`` is a :class:`normaudit.facts.FactContext` (reads ``cap``, ``inputs``, ``dtype``).
     The models and graph are not modified (train/eval flags are restored). Never raises.
     """
     cap = ctx.cap
@@ -394,7 +394,7 @@ def size_probe(ctx: Any, records: list) -> list[str]:
     if plan is None:
         return []
     t0 = time.perf_counter()
-    dtype = getattr(torch, (ctx.options or {}).get("dtype", "float32"))
+    dtype = getattr(torch, ctx.dtype or "float32")
     try:
         mode = _fake_mode(cap.root)
         new_real = resized_inputs(ctx.inputs, list(cap.user_inputs), plan)
@@ -414,3 +414,17 @@ def size_probe(ctx: Any, records: list) -> list[str]:
     head = (f"size probe: re-ran the model with {plan.text} ({'graph re-interpreted' if cap.method == 'symbolic_trace' and not isinstance(ctx.inputs, dict) else 'eager run on fake tensors'}, "
             f"{took:.2f} s); {tied} of {len(records)} site(s) tied to the input size")
     return [head] + notes
+
+
+def run(ctx: Any, facts: Any) -> None:
+    """Pass ``size-probe``: :func:`size_probe` when ``--probe size`` asks for it or by default on a graph of at
+    most :data:`SIZE_PROBE_MAX_NODES` nodes (``ctx.graph_nodes``, the full graph's count under
+    depth-independent capture, else the captured graph's); otherwise a note says it was skipped."""
+    if ctx.cap.gm is None or not facts.records:
+        return
+    n_nodes = ctx.graph_nodes if ctx.graph_nodes is not None else len(ctx.cap.gm.graph.nodes)
+    if "size" in ctx.probes or n_nodes <= SIZE_PROBE_MAX_NODES:
+        facts.notes += size_probe(ctx, facts.records)
+    else:
+        facts.notes.append(f"size probe skipped: the graph has {n_nodes} nodes (default limit "
+                           f"{SIZE_PROBE_MAX_NODES}); '--probe size' runs it")

@@ -17,6 +17,8 @@ BUILTIN_KINDS: list[tuple[type, str]] = [
     (nn.LocalResponseNorm, "LocalResponseNorm"),
     (nn.CrossMapLRN2d, "LocalResponseNorm"),
 ]
+#: kinds whose statistics subtract the mean (LayerNorm: Ba et al. 2016 eq. 3; BatchNorm, GroupNorm, InstanceNorm)
+MEAN_SUBTRACTING_KINDS = ("LayerNorm", "BatchNorm", "GroupNorm", "InstanceNorm")
 OP_KINDS = {"layer_norm": "LayerNorm", "rms_norm": "RMSNorm", "batch_norm": "BatchNorm",
             "group_norm": "GroupNorm", "instance_norm": "InstanceNorm", "local_response_norm": "LocalResponseNorm"}
 

@@ -1,0 +1,83 @@
+"""The declared list of fact passes (:data:`PASSES`) and how a stage of them runs; the stages are those of
+:mod:`normaudit.pipeline`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Optional
+
+from normaudit.facts import aliasing, batchnorm, eps, formula, frozen, numerics, usage, weights
+from normaudit.facts.context import FactContext, Facts
+from normaudit.pipeline.graph_passes import axes, carry_placement, placement, sites
+from normaudit.probes import batch as batch_probe
+from normaudit.probes import formula_confirm as formula_probe
+from normaudit.probes import numerics as numerics_probe
+from normaudit.probes import size as size_probe
+from normaudit.report import ModelFacts
+
+Stage = Literal["graph", "probe", "model", "whole_model"]
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One step of the pipeline: ``run(ctx, facts)`` at ``stage``; ``reads`` and ``writes`` name the facts
+    (``site.<field>``, ``model.<field>``, ``records``, ``node_axes``, ``notes``, ``graph``: the graph itself);
+    ``carry(carry, facts)``, when given, carries this pass's model-level facts from the kept blocks to the
+    whole stack after the sites were (depth-independent capture, :class:`normaudit.pipeline.carry.Carry`),
+    raising :class:`normaudit.pipeline.carry.NotCarried` when it cannot do so exactly; ``recomputed`` names
+    the site facts (``extra`` keys) that hook computes anew over the whole stack: they are dropped from the kept
+    blocks' sites before the carry-over compares them."""
+
+    name: str
+    stage: Stage
+    run: Callable[[FactContext, Facts], None]
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    carry: Optional[Callable[[Any, Facts], None]] = None
+    recomputed: tuple[str, ...] = ()
+
+
+PASSES: tuple[Pass, ...] = (
+    Pass("inplace-dataflow", "graph", aliasing.run_dataflow, ("graph",), ("graph",)),
+    Pass("sites", "graph", sites, ("graph", "origins"), ("records",)),
+    Pass("axes", "graph", axes, ("graph", "records", "input_axes"),
+         ("node_axes", "site.input_axes", "site.normalized_axes")),
+    Pass("placement", "graph", placement, ("graph", "records"),
+         ("site.placement", "site.block", "site.extra", "model.placement", "model.parallel_residual",
+          "model.has_final_norm", "model.num_residual_adds", "model.blocks"), carry=carry_placement,
+         recomputed=("majority_placement", "majority_blocks")),
+    Pass("aliasing", "graph", aliasing.run, ("graph", "records"), ("site.extra",)),
+    Pass("formula", "graph", formula.run, ("graph", "records", "site.normalized_axes"), ("site.formula",)),
+    Pass("formula-probe", "graph", formula_probe.run, ("records", "site.formula", "probe_model"),
+         ("site.formula", "site.kind")),
+    Pass("formula-text", "graph", formula.run_text, ("graph", "records", "site.formula", "site.kind"),
+         ("site.formula",)),
+    Pass("batchnorm", "graph", batchnorm.run, ("graph", "records", "node_axes", "inputs"),
+         ("site.channel_axes", "site.extra", "model.extra")),
+    Pass("frozen", "graph", frozen.run, ("records", "probe_model"), ("site.freeze",)),
+    Pass("size-probe", "probe", size_probe.run, ("graph", "records", "inputs"), ("site.size_probe", "notes")),
+    Pass("batch-probe", "probe", batch_probe.run, ("graph", "records", "node_axes", "probe_model", "inputs"),
+         ("site.batch_probe", "notes")),
+    Pass("weights", "model", weights.run, ("records", "site.formula", "checkpoint"),
+         ("site.weights", "site.extra", "notes")),
+    Pass("numerics-bound", "model", numerics.run, ("records", "site.weights", "checkpoint"), ("site.numerics",)),
+    Pass("usage", "model", usage.run, ("graph", "records", "checkpoint"), ("model.unused_norms", "notes")),
+    Pass("groupnorm-config", "whole_model", batchnorm.run_groupnorm_config, ("records", "config"),
+         ("model.extra",)),
+    Pass("eps", "whole_model", eps.run, ("records", "config_sources", "site.formula"), ("site.eps_facts",)),
+    Pass("numerics-probe", "whole_model", numerics_probe.run, ("records", "probe_model", "checkpoint"),
+         ("site.numerics", "numerics")),
+)
+
+
+def run_stage(stage: Stage, ctx: FactContext, facts: Facts) -> None:
+    """Run the passes of ``stage`` over ``facts``, in :data:`PASSES` order."""
+    for p in PASSES:
+        if p.stage == stage:
+            p.run(ctx, facts)
+
+
+def graph_facts(ctx: FactContext, class_name: str) -> Facts:
+    """The ``graph`` stage over ``ctx.cap.gm``: a part's facts, or the first step of the whole model's."""
+    facts = Facts(model=ModelFacts(class_name=class_name))
+    run_stage("graph", ctx, facts)
+    return facts
