@@ -533,6 +533,23 @@ class UnusedNorm(_Model):
     source: Optional[SourceLocation] = None
 
 
+class StreamEnd(_Model):
+    """Where the residual stream of a pre-LN stack leaves it un-normalised (``normaudit.facts.stream_end``):
+    the last site that reads the stream at a block's input (``placement`` ``pre``, ``branch_position``
+    ``input``) in the branch of a stack's last residual add whose stream reaches the output or a head without a
+    norm, in a stack of more than one block. ``module``/``block`` that site and its block; ``consumer`` the
+    module the stream reaches (None: the model's output itself); ``output_conv`` that module is a convolution
+    computing the model output from the stream (a signal decoder's output conv: audio or image synthesis, not
+    logits); ``unused_norm`` the last norm module the model registers outside its blocks but never applies
+    (the final norm a forward forgot)."""
+
+    module: str
+    block: Optional[str] = None
+    consumer: Optional[str] = None
+    output_conv: bool = False
+    unused_norm: Optional[str] = None
+
+
 class ModelFacts(_Model):
     """Model-level facts."""
 
@@ -546,6 +563,8 @@ class ModelFacts(_Model):
     config_source: Optional[str] = None
     #: norm modules registered (with parameters) that the forward never applies (``normaudit.facts.usage``)
     unused_norms: list[UnusedNorm] = Field(default_factory=list)
+    #: a pre-LN stream that leaves the stack un-normalised (``normaudit.facts.stream_end``), None where none does
+    stream_end: Optional[StreamEnd] = None
     #: model-level facts of individual passes (e.g. ``groupnorm_config``: GroupNorm groups that do not divide
     #: the channel counts the configuration declares)
     extra: dict[str, Any] = Field(default_factory=dict)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
-from normaudit.facts import aliasing, batchnorm, eps, formula, frozen, numerics, usage, weights
+from normaudit.facts import aliasing, batchnorm, eps, formula, frozen, numerics, stream_end, usage, weights
 from normaudit.facts.context import FactContext, Facts
 from normaudit.pipeline.graph_passes import axes, carry_placement, placement, sites
 from normaudit.probes import batch as batch_probe
@@ -63,6 +63,8 @@ PASSES: tuple[Pass, ...] = (
     Pass("usage", "model", usage.run, ("graph", "records", "checkpoint"), ("model.unused_norms", "notes")),
     Pass("groupnorm-config", "whole_model", batchnorm.run_groupnorm_config, ("records", "config"),
          ("model.extra",)),
+    Pass("stream-end", "whole_model", stream_end.run, ("records", "site.extra", "model.blocks", "model.unused_norms"),
+         ("model.stream_end",)),
     Pass("eps", "whole_model", eps.run, ("records", "config_sources", "site.formula"), ("site.eps_facts",)),
     Pass("numerics-probe", "whole_model", numerics_probe.run, ("records", "probe_model", "checkpoint"),
          ("site.numerics", "numerics")),
