@@ -185,6 +185,13 @@ class TensorStats(_Model):
         return self.nan + self.inf
 
 
+#: why the first non-finite value appeared (``normaudit.probes.numerics.producer_cause``): ``eps_zero`` 0/0 in a
+#: norm with eps 0 on a constant row; ``gain_overflow`` the gains lift the normalised output past the dtype's
+#: maximum; ``stat_overflow`` the statistic's squares overflow without an upcast; ``overflow`` values past the
+#: dtype's maximum otherwise; ``nan`` a NaN from finite inputs (0/0, inf - inf, 0 * inf)
+CauseKind = Literal["eps_zero", "gain_overflow", "stat_overflow", "overflow", "nan"]
+
+
 class ModuleNumerics(_Model):
     """One module's call in the numerics probe's forward (``normaudit.probes.numerics``): ``module`` its
     ``named_modules()`` path (``""`` the root), ``order`` its place among the module calls in the order they
@@ -201,6 +208,8 @@ class ModuleNumerics(_Model):
     output: TensorStats
     weights_absmax: Optional[float] = None
     cause: Optional[str] = None
+    #: the kind of ``cause`` (:data:`CauseKind`)
+    cause_kind: Optional[CauseKind] = None
 
 
 class SiteNumerics(_Model):

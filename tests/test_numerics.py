@@ -96,7 +96,7 @@ def test_post_ln_overflow_producer_first_nan_and_propagators(rules, tmp_path):
     assert (p.module, p.class_name) == ("blocks.1.proj", "Linear")
     assert p.inputs.nonfinite == 0 and p.output.inf > 0 and p.output.nan == 0
     assert p.weights_absmax > 3e4 and p.inputs.absmax < 10
-    assert p.cause.startswith("overflow: values past float16's maximum 65504")
+    assert p.cause.startswith("overflow: values past float16's maximum 65504") and p.cause_kind == "overflow"
     assert [c.module for c in n.before][-1] == "blocks.0"  # the last call returned before the producer
     assert n.first_nan == "blocks.1.norm"
     assert n.propagators[:4] == ["blocks.2.proj", "blocks.2.norm", "blocks.2", "blocks.3.proj"]
@@ -115,6 +115,10 @@ def test_eps_zero_constant_row_norm_is_producer(rules, tmp_path):
     n = report.numerics
     assert n.producer.module == "zero_eps" and n.first_nan == "zero_eps"
     assert n.producer.cause == "a row with variance 0 and eps 0.0: 0/0 = NaN (a constant row, or all zeros)"
+    assert n.producer.cause_kind == "eps_zero"
+    (nn102,) = [f for f in report.findings if f.rule_id == "NN102"]
+    assert nn102.fix == ("give the norm a non-zero eps (1e-5 for LayerNorm, 1e-6 for RMSNorm), so a constant row "
+                         "normalises to 0 instead of 0/0")
     z, w = site(report, "zero_eps").numerics, site(report, "with_eps").numerics
     assert (z.role, z.stat_min, z.rows, z.output.nan) == ("producer", 0.0, 8, 32)
     assert (w.role, w.output.nonfinite, w.stat_min) == (None, 0, 0.0)

@@ -425,27 +425,28 @@ def site_facts(acc: _SiteAcc, dtype: str) -> SiteNumerics:
     return num
 
 
-def producer_cause(p: ModuleNumerics, site: Any, dtype: str) -> str:
-    """Why the producer's output is non-finite (module docstring): from its inputs, weights and, for a norm,
-    its eps, statistic and gains."""
+def producer_cause(p: ModuleNumerics, site: Any, dtype: str) -> tuple[str, str]:
+    """Why the producer's output is non-finite (module docstring), from its inputs, weights and, for a norm,
+    its eps, statistic and gains: ``(kind, text)``, ``kind`` one of :data:`normaudit.report.CauseKind`
+    (``eps_zero``, ``gain_overflow``, ``stat_overflow``, ``overflow``, ``nan``), ``text`` the sentence."""
     top = DTYPE_MAX[dtype]
     num = getattr(site, "numerics", None) if site is not None else None
     if site is not None and num is not None:
         if (site.eps or 0.0) == 0.0 and num.stat_min == 0.0:
-            return (f"a row with {num.statistic} 0 and eps {site.eps if site.eps is not None else 'none'}: "
-                    "0/0 = NaN (a constant row, or all zeros)")
+            return "eps_zero", (f"a row with {num.statistic} 0 and eps {site.eps if site.eps is not None else 'none'}: "
+                                "0/0 = NaN (a constant row, or all zeros)")
         gain = num.gain_absmax
         if p.output.inf and num.output_bound is not None and num.output_bound > top:
-            return (f"the gains are too large for {dtype}: |gain| up to {gain:.4g} times sqrt(D={num.features}) "
-                    f"can reach {num.output_bound:.4g}, above its maximum {top:g}")
+            return "gain_overflow", (f"the gains are too large for {dtype}: |gain| up to {gain:.4g} times "
+                                     f"sqrt(D={num.features}) can reach {num.output_bound:.4g}, above its maximum {top:g}")
         if site.formula is not None and site.formula.upcast is False and (p.inputs.absmax or 0) ** 2 > top:
-            return (f"the statistic overflows: inputs up to {p.inputs.absmax:.4g} square past {dtype}'s maximum "
-                    f"{top:g} without an upcast to float32")
+            return "stat_overflow", (f"the statistic overflows: inputs up to {p.inputs.absmax:.4g} square past "
+                                     f"{dtype}'s maximum {top:g} without an upcast to float32")
     if p.output.inf and not p.output.nan:
-        return (f"overflow: values past {dtype}'s maximum {top:g} (inputs' abs-max {_g(p.inputs.absmax)}, "
-                f"weights' abs-max {_g(p.weights_absmax)})")
-    return (f"NaN from finite inputs (inputs' abs-max {_g(p.inputs.absmax)}, weights' abs-max "
-            f"{_g(p.weights_absmax)}): 0/0, inf - inf or 0 * inf inside its forward")
+        return "overflow", (f"overflow: values past {dtype}'s maximum {top:g} (inputs' abs-max {_g(p.inputs.absmax)}, "
+                            f"weights' abs-max {_g(p.weights_absmax)})")
+    return "nan", (f"NaN from finite inputs (inputs' abs-max {_g(p.inputs.absmax)}, weights' abs-max "
+                   f"{_g(p.weights_absmax)}): 0/0, inf - inf or 0 * inf inside its forward")
 
 
 def _g(v: Optional[float]) -> str:
@@ -580,7 +581,7 @@ def _fill(report: NumericsReport, rec: Recorder, records: list, model: nn.Module
         for call in [p, *report.before]:  # weights' abs-max only where reported (a full pass over the weights)
             mod = rec.modules.get(call.module)
             call.weights_absmax = _own_absmax(mod) if mod is not None else None
-        p.cause = producer_cause(p, by_module.get(p.module), dtype)
+        p.cause_kind, p.cause = producer_cause(p, by_module.get(p.module), dtype)
         report.producer = p
     report.first_nan, report.propagators, report.propagator_count = rec.first_nan, rec.propagators, rec.propagator_count
     roles = {m: "propagator" for m in rec.propagators}
