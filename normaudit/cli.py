@@ -553,35 +553,6 @@ def _preflight(opts: Any) -> None:
         raise UsageError("checkpoint not found", file=opts.checkpoint)
 
 
-def _user_rule_file(rule_id: str, dirs: list[str]) -> Optional[str]:
-    from normaudit.engine.loader import load_rule_file
-
-    for d in dirs:
-        for path in sorted(Path(d).rglob("*.yaml")):
-            with contextlib.suppress(UsageError):
-                if load_rule_file(path).id == rule_id:
-                    return str(path)
-    return None
-
-
-def _audit_one(opts: Any, rules: dict, baseline: Any, baseline_base: Path) -> Any:
-    from normaudit.audit import run_audit
-    from normaudit.baseline import apply_baseline
-    from normaudit.engine.evaluator import RuleError
-
-    try:
-        report = run_audit(opts, rules)
-    except RuleError as err:
-        m = re.match(r"rule (N[A-Z]\d{3}) ", str(err))
-        path = _user_rule_file(m.group(1), opts.rules_dirs) if m else None
-        if path is None:
-            raise
-        raise UsageError(f"{err}", file=path) from err
-    if baseline is not None:
-        report = apply_baseline(report, baseline, baseline_base)
-    return report
-
-
 def _audit_targets(plan_opts: list, rules: dict, baseline: Any, base: Path, timeout: float,
                    fail_on: str, args: Optional[argparse.Namespace] = None, settings: Any = None) -> list[TargetResult]:
     """Audit the targets (:func:`normaudit.runner.run_targets`: the result cache, then ``-j N`` worker

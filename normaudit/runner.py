@@ -78,10 +78,10 @@ def audit_target(opts: Any, rules: dict) -> WorkerResult:
     """Audit one target in this process (what a worker or a Ray task runs): the report before any baseline,
     and the files it imported."""
     from normaudit.cache import imported_files
-    from normaudit.cli import _audit_one
+    from normaudit.job import audit_one
 
     before = set(sys.modules)
-    report = _audit_one(opts, rules, None, Path("."))
+    report = audit_one(opts, rules, None, Path("."))
     return WorkerResult(report=report, imported=imported_files(before))
 
 
