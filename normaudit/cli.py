@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Optional, Sequence
 
 from normaudit import __version__
+from normaudit.arguments import CommandParser
 from normaudit.errors import UsageError
 from normaudit.options import DEFAULT_TIMEOUT
 
@@ -97,16 +98,9 @@ class _OutputAction(argparse.Action):
         namespace.output_sequence = seq
 
 
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line on stderr and exit status 2 (via UsageError)."""
-
-    def error(self, message):
-        raise UsageError(f"{message} (see '{self.prog} --help')")
-
-
 def audit_parser() -> argparse.ArgumentParser:
     """The parser of the audit command (``normaudit [TARGET ...] [options]``)."""
-    p = _Parser(prog="normaudit", description="Audit the normalisation layers of a PyTorch model.",
+    p = CommandParser(prog="normaudit", description="Audit the normalisation layers of a PyTorch model.",
                 epilog="Other commands: 'normaudit rules', 'normaudit explain ID', 'normaudit schema', "
                        "'normaudit docs' (generate docs/rules/). "
                        "Settings: [tool.normaudit] in pyproject.toml or normaudit.toml, found from the current "
@@ -211,7 +205,7 @@ def _cmd_rules(argv: Sequence[str]) -> int:
     """``normaudit rules [--format text|json]``: one line per rule, or a JSON list of objects with ``id``,
     ``name``, ``category``, ``severity``, ``confidence``, ``summary`` (first sentence of ``doc.what``) and
     ``docs`` (the generated page, ``docs/rules/ID.md``; null for a rule from ``--rules DIR``)."""
-    p = _Parser(prog="normaudit rules", description="List the rules.")
+    p = CommandParser(prog="normaudit rules", description="List the rules.")
     p.add_argument("--rules", action="append", metavar="DIR")
     p.add_argument("--format", choices=["text", "json"], default="text")
     args = p.parse_args(argv)
@@ -240,7 +234,7 @@ def _cmd_docs(argv: Sequence[str]) -> int:
 
 
 def _cmd_explain(argv: Sequence[str]) -> int:
-    p = _Parser(prog="normaudit explain", description="Print one rule's documentation.")
+    p = CommandParser(prog="normaudit explain", description="Print one rule's documentation.")
     p.add_argument("rule_id")
     p.add_argument("--rules", action="append", metavar="DIR")
     args = p.parse_args(argv)
@@ -268,7 +262,7 @@ def _cmd_schema(argv: Sequence[str]) -> int:
     from normaudit.cache import validation_key, validation_memo
     from normaudit.settings import validated_table
 
-    p = _Parser(prog="normaudit schema", description="Print the JSON schema of the report (--format json).")
+    p = CommandParser(prog="normaudit schema", description="Print the JSON schema of the report (--format json).")
     p.parse_args(argv)
     source, table = validated_table()
     memo = validation_memo(source, table.get("cache"))

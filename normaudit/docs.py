@@ -13,7 +13,6 @@ SARIF ``helpUri`` and ``normaudit rules --format json`` point at :func:`doc_path
 """
 from __future__ import annotations
 
-import argparse
 import ast
 import re
 import sys
@@ -186,10 +185,10 @@ def default_output() -> Path:
 def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m normaudit.docs") -> int:
     """Generate the rule docs (``--check``: exit 1 when they are stale, writing nothing). Returns the exit
     status; bad usage raises UsageError (exit 2 through the CLI)."""
-    from normaudit.cli import _Parser
+    from normaudit.arguments import CommandParser
     from normaudit.errors import UsageError
 
-    p = _Parser(prog=prog, description="Generate docs/rules/<ID>.md and the index from the rule files.")
+    p = CommandParser(prog=prog, description="Generate docs/rules/<ID>.md and the index from the rule files.")
     p.add_argument("--output", "-o", metavar="DIR", help=f"where to write (default: {DOCS_DIR} of the checkout)")
     p.add_argument("--check", action="store_true", help="only say which pages are stale (exit 1 if any)")
     p.add_argument("--from", dest="source", metavar="DIR",
