@@ -15,8 +15,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from normaudit import cli
-from normaudit.cli import main, plan_outputs
+from normaudit.cli import audit_command, main, outputs
+from normaudit.cli.outputs import plan_outputs
+from normaudit.cli.parser import audit_parser
 from normaudit.errors import UsageError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cli"
@@ -140,7 +141,7 @@ def test_one_checkpoint_for_several_targets_is_refused(capsys, tmp_path, tiny):
 
 
 def test_exit_status_is_the_worst_over_targets_and_failures_do_not_hide_reports(capsys, tmp_path, tiny, monkeypatch):
-    monkeypatch.setattr(cli, "_stderr_is_tty", lambda: True)
+    monkeypatch.setattr(audit_command, "_stderr_is_tty", lambda: True)
     missing = tmp_path / "missing.py"
     out_json = tmp_path / "out.json"
     rc, out, err = run(capsys, tiny, missing, "--format", "json", "-o", out_json, "--format", "github", *TEST_RULES)
@@ -300,7 +301,7 @@ def test_docstring_examples():
 
     import normaudit.suppress
 
-    for module in (cli, normaudit.suppress):
+    for module in (outputs, normaudit.suppress):
         result = doctest.testmod(module)
         assert result.failed == 0 and result.attempted > 0, module.__name__
 
@@ -388,14 +389,14 @@ def test_readme_usage_block_names_every_flag():
     if not readme.is_file():
         pytest.skip("README.md is in the source checkout only")
     usage = readme.read_text(encoding="utf-8").split("## Usage", 1)[1].split("```")[1]
-    flags = [o for a in cli.audit_parser()._actions for o in a.option_strings]
+    flags = [o for a in audit_parser()._actions for o in a.option_strings]
     spelled = {o: re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", usage) is not None for o in flags}
     assert [o for o, found in spelled.items() if not found and not (o.startswith("--") and any(
         s.startswith("-") and not s.startswith("--") and spelled[s] for s in _aliases(o)))] == []
 
 
 def _aliases(option: str) -> list[str]:
-    action = next(a for a in cli.audit_parser()._actions if option in a.option_strings)
+    action = next(a for a in audit_parser()._actions if option in a.option_strings)
     return list(action.option_strings)
 
 

@@ -158,18 +158,19 @@ def test_cli_concise_quiet_and_statistics(capsys, tmp_path, monkeypatch):
 def test_cli_colours_a_terminal_stdout_unless_NO_COLOR(capsys, tmp_path, monkeypatch):
     import sys
 
-    from normaudit import cli
+    from normaudit.cli.outputs import OutputSpec, render_options
+    from normaudit.cli.parser import audit_parser
 
     monkeypatch.chdir(tmp_path)
-    spec = cli.OutputSpec("concise", None)
-    args = cli.audit_parser().parse_args(["x.py"])
+    spec = OutputSpec("concise", None)
+    args = audit_parser().parse_args(["x.py"])
     monkeypatch.setattr(sys, "stdout", _Stream(True))
     monkeypatch.delenv("NO_COLOR", raising=False)
-    assert cli.render_options(args, spec).color is True
-    assert cli.render_options(args, cli.OutputSpec("concise", "out.txt")).color is False  # a file: never
-    assert cli.render_options(args, cli.OutputSpec("json", None)).color is False
+    assert render_options(args, spec).color is True
+    assert render_options(args, OutputSpec("concise", "out.txt")).color is False  # a file: never
+    assert render_options(args, OutputSpec("json", None)).color is False
     monkeypatch.setenv("NO_COLOR", "1")
-    assert cli.render_options(args, spec).color is False
+    assert render_options(args, spec).color is False
 
 
 def test_cli_project_root_must_be_a_directory(capsys, tmp_path, monkeypatch):

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from normaudit import cli
-from normaudit.cli import main
+from normaudit.cli import audit_command, main
 
 TINY = Path(__file__).parent / "fixtures" / "cli" / "tiny.py"
 TEST_RULES = ["--rules", str(TINY.parent / "rules"), "--select", "NZ", "--isolated"]
@@ -116,7 +115,7 @@ def test_progress_lines_only_when_stderr_is_a_terminal(models, capfd, monkeypatc
     targets = [models / "tiny.py", models / "crash.py"]
     _, _, err = run(capfd, *targets, *TEST_RULES, "-j", "2")
     assert not [ln for ln in err.splitlines() if ln.startswith("normaudit: [")]
-    monkeypatch.setattr(cli, "_stderr_is_tty", lambda: True)
+    monkeypatch.setattr(audit_command, "_stderr_is_tty", lambda: True)
     _, _, err = run(capfd, *targets, *TEST_RULES, "-j", "2")
     progress = sorted(ln.rsplit(" (", 1)[0] for ln in err.splitlines() if ln.startswith("normaudit: ["))
     assert len(progress) == 2

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from normaudit.cli import audit_parser, main
+from normaudit.cli import main
+from normaudit.cli.parser import audit_parser
 from normaudit.errors import UsageError
 from normaudit.settings import Settings, TargetSettings, discover_settings, find_settings_file, load_settings
 
@@ -82,21 +83,21 @@ targets = ["models/gpt.py", "models/gpt.py:small", "mypkg.models:build",
 
 
 def test_flags_override_settings_and_target_tables_override_top_level():
-    from normaudit.cli import _target_options
+    from normaudit.cli.plan import target_options
 
     s = Settings.model_validate({"select": ["NE"], "ignore": ["NL"], "dtype": "float16", "batch-size": 8,
                                  "input-axes": "B,S", "config": "c.yaml", "per-module-ignores": {"a.*": ["NE"]}})
     table = TargetSettings.model_validate({"path": "m.py", "dtype": "bfloat16", "input-axes": "B,C,H,W"})
     none = audit_parser().parse_intermixed_args([])
-    o = _target_options("m.py", none, s, ["r"])
+    o = target_options("m.py", none, s, ["r"])
     assert (o.select, o.ignore, o.dtype, o.batch_size, o.input_axes, o.config) == (["NE"], ["NL"], "float16", 8, "B,S",
                                                                                  "c.yaml")
     assert o.per_module_ignores == {"a.*": ["NE"]} and o.rules_dirs == ["r"]
-    o = _target_options(table, none, s, [])
+    o = target_options(table, none, s, [])
     assert (o.dtype, o.input_axes, o.batch_size) == ("bfloat16", "B,C,H,W", 8)
     flags = audit_parser().parse_intermixed_args(["--select", "NL", "--ignore", "", "--dtype", "float32",
                                                   "--batch-size", "2", "--input-axes", "B,S,F", "--config", "x.json"])
-    o = _target_options(table, flags, s, [])
+    o = target_options(table, flags, s, [])
     assert (o.select, o.ignore, o.dtype, o.batch_size, o.input_axes, o.config) == (["NL"], [], "float32", 2, "B,S,F",
                                                                                  "x.json")
 
