@@ -1,5 +1,5 @@
 """What one target's audit is asked to do, importable without torch: the command line builds these before it
-knows whether any target needs auditing (a run answered from the cache never imports torch, issue 14)."""
+knows whether any target needs auditing (a run answered wholly from the cache never imports torch)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

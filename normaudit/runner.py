@@ -287,7 +287,7 @@ def _run_local(pending: list[int], plan_opts: list, rules: dict, timeout: float,
             else:
                 done(i, result, None, time.monotonic() - started)
         return
-    with collection_paused():  # the imports make no garbage worth a walk of the heap (issue 14)
+    with collection_paused():  # ~10**6 long-lived objects: a full collection meanwhile would walk them all
         prewarm([plan_opts[i].target for i in pending])
     queue = list(pending)
     running: dict[Any, tuple[int, float]] = {}

@@ -2,7 +2,7 @@
 
 Apart from :mod:`normaudit.settings` so that a command that only needs the raw keys of a settings file it has
 validated before (``normaudit rules`` in a project, :func:`normaudit.settings.validated_table`) does not
-import pydantic (issue 14: start-up under 0.5 s). Import ``Settings``/``TargetSettings`` from
+import pydantic (importing it would be most of such a command's start-up, kept under 0.5 s). Import ``Settings``/``TargetSettings`` from
 :mod:`normaudit.settings`, which loads this module on first use.
 """
 from __future__ import annotations

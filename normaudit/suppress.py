@@ -243,7 +243,8 @@ class SuppressionIndex:
 
     def key(self, file: str) -> str:
         """``file`` resolved (the same file however it is spelled), once per spelling: every site of a deep
-        model names the same few files (issue 14)."""
+        model names the same few files, so resolving each
+        spelling once spares a filesystem walk per site."""
         k = self._keys.get(file)
         if k is None:
             try:

@@ -39,7 +39,7 @@ def collection_paused():
 
     For the imports before a fork (:func:`normaudit.runner.prewarm`: torch, ``torch._dynamo``, transformers,
     ~10**6 objects, all long-lived): every full collection meanwhile walks the whole heap grown so far, which
-    cost the 70B-config audit ~1.4 s of CPU in the parent (6 full collections, issue 14). The collector's
+    cost the 70B-config audit ~1.4 s of CPU in the parent (6 full collections). The collector's
     state on entry is restored on exit."""
     was_enabled = gc.isenabled()
     gc.disable()

@@ -334,7 +334,7 @@ def test_json_stdout_survives_fd_writes_and_torch_logs(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-# ----------------------------------------------------------- issue 12 follow-up: failed targets, help
+# ------------------------------------------------------- failed targets: what each output says; --help
 CRASH = "import os\n\n\ndef build_model():\n    os._exit(7)\n"
 CRASH_TEXT = "crash.py: the model's code ended the process (exit status 7, as os._exit() does) while building the model"
 

@@ -1,4 +1,4 @@
-"""The validation memo (issue 14): ``rules``, ``explain`` and ``schema`` read rule files, settings files and the
+"""The validation memo (normaudit.cache.ValidationMemo): ``rules``, ``explain`` and ``schema`` read rule files, settings files and the
 report schema validated before from the cache directory, without pydantic, and never a stale answer: a rule
 file or settings file edited (made invalid, or changed) is validated again."""
 from __future__ import annotations

@@ -260,7 +260,7 @@ def test_concise_reference_case(name, rules, monkeypatch):
     assert concise.render(report).splitlines() == EXPECTED[name]
 
 
-# ------------------------------------------------------------------ issue 12 follow-up: counts, ranges
+# ----------------------------------------- findings repeated over layers: grouped, ranges, counts, summary
 def _batch_probe_findings(tmp_path):
     """NB108 as the batch probe writes it: one finding per layer at one line, measured values differing."""
     src = SourceLocation(file=str(tmp_path / "models" / "gpt.py"), line=5)

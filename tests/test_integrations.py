@@ -1,4 +1,4 @@
-"""normaudit.integrations.NormauditCallback in a real (tiny, CPU) transformers Trainer run (issue 13)."""
+"""normaudit.integrations.NormauditCallback in a real (tiny, CPU) transformers Trainer run."""
 from __future__ import annotations
 
 import logging

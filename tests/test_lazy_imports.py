@@ -1,4 +1,4 @@
-"""normaudit.lazy_imports (issue 14): the optional heavy imports transformers makes at start-up (boto3 through
+"""normaudit.lazy_imports: the optional heavy imports transformers makes at start-up (boto3 through
 accelerate, scipy.optimize through transformers.loss) run only when used, in normaudit's own process, and a
 model that uses them gets the real thing."""
 from __future__ import annotations

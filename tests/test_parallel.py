@@ -189,7 +189,7 @@ def test_prewarm_imports_the_export_tracer_for_model_targets_only(tmp_path, kind
 
 
 def test_imports_before_the_fork_run_with_the_collector_off_and_land_in_the_oldest_generation():
-    """``collection_paused`` (the parent's imports before the forks, issue 14): no collection runs inside, the
+    """``collection_paused`` (the parent's imports before the forks): no collection runs inside, the
     objects made inside are in generation 2 afterwards (no collection has to walk them as young ones) and the
     collector's state on entry is restored (on, or off)."""
     import gc

@@ -317,7 +317,7 @@ def test_markdown_escapes_cells():
     assert markdown.code("x`y") == "``x`y``"
 
 
-# ---------------------------------------------------------------- one place in every format (issue 12)
+# ------------------------------------- where findings and failures are shown: alike in every format
 def test_library_line_of_a_hugging_face_target_is_placed_alike_in_every_format(tmp_path, monkeypatch, rules):
     """A finding at a line of transformers' modeling file (outside the project) is shown at the target's
     config.json in every format; the library line is kept as a note (text, concise, markdown) or a related

@@ -1,4 +1,4 @@
-"""The run keys of the settings file (issue 14): ``jobs``, ``cache``, ``full-capture`` (and ``timeout``), each
+"""The run keys of the settings file: ``jobs``, ``cache``, ``full-capture`` (and ``timeout``), each
 reaching the run, each overridden by its flag, each shown by ``--show-settings`` with its source, and a wrong
 type is exit 2 naming file:line."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Start-up without torch (issue 14): ``--help``, ``--version``, ``rules``, ``explain`` and ``schema`` work in a
+"""Start-up without torch: ``--help``, ``--version``, ``rules``, ``explain`` and ``schema`` work in a
 process where torch (and transformers) cannot be imported at all; an audit answered wholly from the cache
 imports neither. Asserts output, not time (benchmarks/bench_speed.py measures the time)."""
 from __future__ import annotations
