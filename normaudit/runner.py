@@ -347,8 +347,8 @@ def _ray_init(ray: Any, address: Optional[str], jobs: Optional[int]) -> bool:
 
 def _ray_error(ray: Any, err: BaseException, target: str, phase: Optional[str] = None) -> BaseException:
     """A Ray failure of one task as that target's error, naming the ``phase`` the task had reported
-    (:data:`normaudit.worker.PHASES`) like the local executor's."""
-    from normaudit.worker import PHASES
+    (:data:`normaudit.phases.PHASES`) like the local executor's."""
+    from normaudit.phases import PHASES
 
     if isinstance(err, (ray.exceptions.WorkerCrashedError, ray.exceptions.LocalRayletDiedError)):
         doing = f" while {PHASES.get(phase, phase)}" if phase else ""
@@ -407,7 +407,8 @@ def _ray_tasks(ray: Any, pending: list[int], plan_opts: list, rules: dict, timeo
     """Submit at most ``jobs`` tasks at a time (default: the cluster's CPUs), take results as they finish,
     cancel (``force=True``) those past ``timeout`` seconds since submission; task ``i`` reports its phase
     in ``phases/i`` (:class:`PhaseFile`)."""
-    from normaudit.worker import PHASES, decode_message
+    from normaudit.phases import PHASES
+    from normaudit.worker import decode_message
 
     started_here = _ray_init(ray, address, jobs)
     in_flight: dict[Any, tuple[int, float]] = {}

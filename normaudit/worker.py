@@ -1,12 +1,12 @@
 """Run one target's audit (import, build, inputs, capture, facts, probes: all the user code) in a worker process.
 
 The command line audits each target in a child process forked from itself (torch and the rules are already
-loaded, so a fork starts at once), under a deadline (``--timeout``, :data:`DEFAULT_TIMEOUT` seconds per
-target). Whatever the user's code does there, the parent ends with a report or one line of error: an
-endless loop, a ``time.sleep`` at import, ``os._exit()``, a segfault, ``sys.exit`` or ``KeyboardInterrupt``
+loaded, so a fork starts at once), under a deadline (``--timeout``, :data:`normaudit.options.DEFAULT_TIMEOUT`
+seconds per target). Whatever the user's code does there, the parent ends with a report or one line of error:
+an endless loop, a ``time.sleep`` at import, ``os._exit()``, a segfault, ``sys.exit`` or ``KeyboardInterrupt``
 raised by the model are a :class:`~normaudit.errors.UsageError` (exit 2) naming the target and the phase
-the worker had reached (:data:`PHASES`, reported by :func:`phase` as the audit goes). The report travels
-back as the pydantic JSON of :class:`~normaudit.report.Report`.
+the worker had reached (:data:`normaudit.phases.PHASES`, reported by :func:`normaudit.phases.phase` as the
+audit goes). The report travels back as the pydantic JSON of :class:`~normaudit.report.Report`.
 
 :class:`Job` is one running worker: start several and collect them in turn to audit targets in parallel.
 Where ``fork`` does not exist (Windows) the audit runs in the process itself, without a deadline.
@@ -29,9 +29,8 @@ import warnings
 from typing import Any, Callable, Optional
 
 from normaudit.errors import UsageError
-from normaudit.options import DEFAULT_TIMEOUT  # noqa: F401 - defined where the command line reads it cheaply
 from normaudit import phases
-from normaudit.phases import PHASES, in_worker, phase  # noqa: F401 - the worker's own API too
+from normaudit.phases import PHASES, phase
 
 @contextlib.contextmanager
 def collection_paused():

@@ -20,7 +20,8 @@ from pydantic import BaseModel
 from normaudit import cli
 from normaudit.errors import UsageError
 from normaudit.loaders.pyfile import installed_roots, is_tool_file, is_user_file, load_python_target
-from normaudit.worker import WorkerError, phase, run_isolated
+from normaudit.phases import phase
+from normaudit.worker import WorkerError, run_isolated
 
 
 class Result(BaseModel):

@@ -228,7 +228,7 @@ class _Frozen(BaseModel):
 def _frozen_counts() -> _Frozen:
     import gc
 
-    from normaudit.worker import phase
+    from normaudit.phases import phase
 
     at_start = gc.get_freeze_count()
     made = [[i] for i in range(5000)]
