@@ -19,6 +19,7 @@ from normaudit.cli.plan import RunPlan, plan_run
 from normaudit.errors import UsageError
 from normaudit.options import DEFAULT_TIMEOUT
 
+
 def cmd_audit(argv: Sequence[str]) -> int:
     """``normaudit [TARGET ...] [options]``: parse, read the settings, check the run
     (:func:`normaudit.cli.plan.plan_run`), audit the targets (:func:`_audit_targets`) and write the outputs

@@ -11,6 +11,7 @@ from normaudit.arguments import CommandParser
 from normaudit.cli.exits import EXIT_OK
 from normaudit.errors import UsageError
 
+
 def _listed_rules(argv_rules: Optional[list[str]]) -> tuple[list[str], dict[str, Any], Any]:
     """The ``--rules`` directories (else those of the settings file), the rules for ``rules``/``explain``, and
     the validation memo they came through: read from the memo of the cache directory when these files were

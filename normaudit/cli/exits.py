@@ -1,6 +1,7 @@
 """The exit statuses of the command (CONTRACT.md) and the one line that names an internal error."""
 from __future__ import annotations
 
+
 #: no finding at or above ``--fail-on``; such findings; bad input or usage; internal error (CONTRACT.md)
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 

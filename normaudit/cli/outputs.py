@@ -17,6 +17,7 @@ from normaudit import __version__
 from normaudit.cli.exits import EXIT_OK
 from normaudit.errors import UsageError
 
+
 @dataclass
 class OutputSpec:
     """One rendering of the run: a format and where it goes (None: stdout)."""

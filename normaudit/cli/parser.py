@@ -7,6 +7,7 @@ import argparse
 from normaudit import __version__
 from normaudit.arguments import CommandParser
 
+
 FORMATS = ["text", "concise", "json", "sarif", "github", "markdown"]
 
 

@@ -13,6 +13,7 @@ from normaudit.cli.outputs import OutputSpec, check_writable, inputs_of_run, ref
 from normaudit.errors import UsageError
 from normaudit.options import DEFAULT_TIMEOUT
 
+
 @dataclass
 class RunPlan:
     """What an audit run was asked for, checked before any target runs (:func:`plan_run`)."""
