@@ -1,5 +1,6 @@
-"""Required and optional ``forward`` inputs that are neither text, images nor audio (companion_inputs.py):
-the exact names, shapes and dtypes built for tiny configs of real transformers classes, and the captures."""
+"""Required and optional ``forward`` inputs that are neither text, images nor audio
+(normaudit.loaders.inputs.companions): the exact names, shapes and dtypes built for tiny configs of real
+transformers classes, and the captures."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,7 @@ from torch import nn
 transformers = pytest.importorskip("transformers")
 
 from conftest import audit_model  # noqa: E402
-from normaudit.loaders.companion_inputs import COMPANION_BUILDERS, COMPANION_VARIANTS  # noqa: E402
+from normaudit.loaders.inputs.companions import COMPANION_BUILDERS, COMPANION_VARIANTS  # noqa: E402
 from normaudit.loaders.inputs import infer_hf_inputs  # noqa: E402
 
 F, I = torch.float32, torch.int64

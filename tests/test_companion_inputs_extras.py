@@ -1,5 +1,5 @@
 """Optional ``forward`` inputs a model raises without, built where the config describes them
-(companion_inputs.COMPANION_EXTRAS / COMPANION_VARIANTS through infer_hf_inputs): exact inputs and captures."""
+(companions.COMPANION_EXTRAS / COMPANION_VARIANTS through infer_hf_inputs): exact inputs and captures."""
 from __future__ import annotations
 
 import pytest

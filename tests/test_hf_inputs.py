@@ -387,7 +387,7 @@ def test_two_stage_detr_without_strides_gets_enough_tokens_for_its_queries():
     # 256 x 256 gives 1024 + 256 + 64 + 16 tokens, 192 x 192 only 765
     from types import SimpleNamespace
 
-    from normaudit.loaders.inputs import _query_side
+    from normaudit.loaders.inputs.vision import _query_side
 
     assert _query_side(SimpleNamespace(two_stage=True, num_queries=900, num_feature_levels=4)) == 256
     assert _query_side(SimpleNamespace(two_stage=False, num_queries=900, num_feature_levels=4)) == 0
@@ -404,7 +404,7 @@ def test_temporal_patch_named_patch_temporal():
 def test_image_size_of_the_backbone_inside_the_vision_config():
     # SAM2: no image size on the model or vision config; its Hiera backbone's 1024 x 1024 is what the FPN's
     # backbone_feature_sizes (256, 128, 64 a side) are built for
-    from normaudit.loaders.inputs import _image
+    from normaudit.loaders.inputs.vision import _image
 
     config = transformers.Sam2Config()
     assert config.vision_config.backbone_config.image_size == [1024, 1024]
@@ -446,10 +446,10 @@ class _TwoMainInputs(nn.Module):
 def test_a_list_of_main_input_names_is_no_crash():
     """OneFormer's list-valued main_input_name crashed the input builder (TypeError: unhashable type: 'list',
     exit 3 in the zoo sweep); the first name is the main input."""
-    from normaudit.loaders.inputs import _main_input_name
+    from normaudit.loaders.inputs.signature import main_input_name
 
     model = _TwoMainInputs()
-    assert _main_input_name(model) == "pixel_values"
+    assert main_input_name(model) == "pixel_values"
     inputs, described = infer_hf_inputs(model)
     assert list(inputs) == ["pixel_values"] and described == "pixel_values float (2, 3, 32, 32)"
     assert tuple(inputs["pixel_values"].shape) == (2, 3, 32, 32)

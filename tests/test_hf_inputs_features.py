@@ -12,7 +12,8 @@ from torch import nn
 transformers = pytest.importorskip("transformers")
 
 from conftest import audit_model  # noqa: E402
-from normaudit.loaders.inputs import _forward_params, _runs_on_meta, infer_hf_inputs  # noqa: E402
+from normaudit.loaders.inputs import forward_params, infer_hf_inputs  # noqa: E402
+from normaudit.loaders.inputs.signature import runs_on_meta  # noqa: E402
 
 F, I = torch.float32, torch.int64
 
@@ -112,7 +113,7 @@ def test_trajectory_streams_are_sized_by_state_and_action_dims(rules):
 
 def test_no_trajectory_without_a_state_dim():
     # a forward parameter named ``actions`` on a model whose config has no state_dim gets nothing built
-    from normaudit.loaders.inputs import TRAJECTORY_BUILDERS
+    from normaudit.loaders.inputs.series import TRAJECTORY_BUILDERS
 
     cfg = transformers.BertConfig()
     assert [list(b(cfg)) for b in TRAJECTORY_BUILDERS.values()] == [[]] * 5
@@ -133,9 +134,9 @@ def test_codec_spectrogram_has_one_frame_per_hop_of_its_waveform():
     # without the mask (whose padding check reads a value, .item(), on meta) the meta forward runs whole on
     # them (its capture takes a minute); the features' former first candidate, 64 frames, breaks the
     # frame-by-frame concatenation
-    params, unmasked = _forward_params(model), {k: v for k, v in kwargs.items() if k != "input_features_mask"}
-    assert _runs_on_meta(model, params, unmasked)
-    assert not _runs_on_meta(model, params, {**unmasked, "input_features": torch.randn(2, 64, 160)})
+    params, unmasked = forward_params(model), {k: v for k, v in kwargs.items() if k != "input_features_mask"}
+    assert runs_on_meta(model, params, unmasked)
+    assert not runs_on_meta(model, params, {**unmasked, "input_features": torch.randn(2, 64, 160)})
 
 
 DEPTH_PRO_TOWER = dict(model_type="dinov2", hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -152,6 +153,6 @@ def test_image_side_holds_a_patch_at_the_smallest_scale():
                   fov_model_config=DEPTH_PRO_TOWER, use_fov_model=False)
     kwargs, said = infer_hf_inputs(model)
     assert said == "pixel_values float (2, 3, 128, 128)"
-    params = _forward_params(model)
-    assert _runs_on_meta(model, params, kwargs)
-    assert not _runs_on_meta(model, params, {"pixel_values": torch.randn(2, 3, 64, 64)})
+    params = forward_params(model)
+    assert runs_on_meta(model, params, kwargs)
+    assert not runs_on_meta(model, params, {"pixel_values": torch.randn(2, 3, 64, 64)})

@@ -10,7 +10,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from conftest import audit_model  # noqa: E402
-from normaudit.loaders.inputs import INT_CANDIDATES, infer_hf_inputs  # noqa: E402
+from normaudit.loaders.inputs import infer_hf_inputs  # noqa: E402
+from normaudit.loaders.inputs.builders import INT_CANDIDATES  # noqa: E402
 
 BARK = dict(hidden_size=32, num_layers=2, num_heads=2, block_size=64, input_vocab_size=60, output_vocab_size=60,
             n_codes_total=4, n_codes_given=1)
@@ -88,7 +89,7 @@ def test_an_image_size_named_input_size_brings_the_image(rules):
 def test_token_ids_stay_inside_a_wrapped_models_vocabulary():
     # FastSpeech2ConformerWithHifiGanConfig holds its text model as ``model_config`` (vocab_size 78 in the
     # defaults); without it the default vocabulary of 100 gave ids the embedding refused (IndexError)
-    from normaudit.loaders.inputs import _text_ids
+    from normaudit.loaders.inputs.text import _text_ids
 
     cfg = transformers.PretrainedConfig()
     cfg.model_config = transformers.PretrainedConfig(vocab_size=40)

@@ -411,7 +411,7 @@ def _export(model: nn.Module, args: Any, mode: FakeTensorMode, kwargs: Optional[
     (activations, not parameters). ``buffers`` (:func:`integer_buffers`): integer buffers passed as
     constants (:class:`_BufferConstants`). ``lift``: integer factories are constants even without either
     (:class:`_LiftedFactories`)."""
-    from normaudit.loaders.inputs import _forward_params, forward_kwargs
+    from normaudit.loaders.inputs import forward_kwargs, forward_params as _forward_params
 
     fixed = dict(fixed or {})
     kwargs = dict(kwargs or {})
@@ -419,7 +419,7 @@ def _export(model: nn.Module, args: Any, mode: FakeTensorMode, kwargs: Optional[
         kwargs, args = {**dict(args), **kwargs}, ()
     args = tuple(a for i, a in enumerate(args) if i not in fixed)
     kwargs = {k: v for k, v in kwargs.items() if k not in fixed}
-    for key, value in forward_kwargs(_forward_params(model)).items():  # use_cache=False: no cache objects
+    for key, value in forward_kwargs(forward_params(model)).items():  # use_cache=False: no cache objects
         kwargs.setdefault(key, value)
     injected = "use_cache" not in kwargs and getattr(getattr(model, "config", None), "use_cache", None) is not None
     if injected:  # a forward taking **kwargs may hand them to a cache-building child
@@ -657,12 +657,12 @@ def _capture_parts(model: nn.Module, fake_args: Any, mode: FakeTensorMode, modul
     from normaudit.loaders.inputs import main_tower_inputs
 
     from normaudit.capture.parts import capture_parts
-    from normaudit.loaders.inputs import _forward_params, forward_kwargs
+    from normaudit.loaders.inputs import forward_kwargs, forward_params
 
     norm_paths = [path for path, _, _ in norm_modules(modules) if path]
     if not norm_paths:
         return [], None
-    extra = forward_kwargs(_forward_params(model)) if isinstance(fake_args, dict) else {}
+    extra = forward_kwargs(forward_params(model)) if isinstance(fake_args, dict) else {}
     with _quiet():
         fewer = main_tower_inputs(model, real_inputs) if isinstance(real_inputs, dict) else None
         fewer_pair = (fake_inputs(fewer, mode, dtype), fewer) if fewer is not None else None

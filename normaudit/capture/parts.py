@@ -400,7 +400,7 @@ def _capture_submodel(cap: Any, path: str, mod: nn.Module, mode: FakeTensorMode,
     module path of the model. Returns [] when neither captures, or when its graph misses a norm module the
     parts inside it reached."""
     from normaudit.capture import constant_inputs, fake_inputs
-    from normaudit.loaders.inputs import forward_kwargs, _forward_params
+    from normaudit.loaders.inputs import forward_kwargs, forward_params as _forward_params
 
     parts, every = within
     built = own_inputs(mod)

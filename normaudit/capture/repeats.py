@@ -236,7 +236,7 @@ def check_reduced(plan: RepeatPlan, cap: Any, inputs: Any, dtype: torch.dtype) -
                 calls.append((path, _shapes((args, kwargs)), _shapes(out)))
             handles.append(modules[path].register_forward_hook(hook, with_kwargs=True))
     try:
-        from normaudit.loaders.inputs import _forward_params, forward_kwargs
+        from normaudit.loaders.inputs import forward_kwargs, forward_params as _forward_params
 
         args = fake_inputs(inputs, mode, dtype)
         kwargs = dict(args) if isinstance(args, dict) else {}

@@ -5,8 +5,8 @@ LXMERT's detector regions ``visual_feats``/``visual_pos``), embeddings given in 
 per-image class prompts and their ``classes_structure``), sized as transformers' own model tests build them.
 
 Each builder maps the model's config to candidate tensors, first choice first, as
-:data:`normaudit.loaders.inputs.BUILDERS` does; :func:`normaudit.loaders.inputs.infer_hf_inputs` tries them
-for a required parameter of that name (:data:`COMPANION_BUILDERS`). :data:`COMPANION_EXTRAS` names the
+:data:`normaudit.loaders.inputs.builders.BUILDERS` does; :func:`normaudit.loaders.inputs.hf.infer_hf_inputs`
+tries them for a required parameter of that name (:data:`COMPANION_BUILDERS`). :data:`COMPANION_EXTRAS` names the
 optional parameters whose builders give something only for a config that describes that input (a
 ``visual_feat_dim``, an ``encoder_hidden_size``): a forward that raises without them (LXMERT's
 ``visual_feats cannot be None``, a Q-Former's cross-attention) gets them where ``forward`` takes them.
@@ -17,6 +17,10 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from normaudit.loaders.inputs.base import BATCH, SEQ, cfg_value, random_ids
+from normaudit.loaders.inputs.vision import images
+
+#: the sub-config that holds the text model's width and vocabulary
 _TEXT = ("text_config",)
 #: regions of a detector's region features (LXMERT's tester: 10; any count runs)
 REGIONS = 8
@@ -24,16 +28,12 @@ REGIONS = 8
 
 def _hidden(config: Any) -> int:
     """The model's width: ``hidden_size`` (or ``d_model``) of the config or its text sub-config; 64 else."""
-    from normaudit.loaders.inputs import cfg_value
-
     return int(cfg_value(config, ("hidden_size", "d_model"), _TEXT, 64))
 
 
 def _embeddings(config: Any) -> Iterator[torch.Tensor]:
     """Embeddings given in place of token ids (a Q-Former's learned ``query_embeds``, a diffusion drafter's
     ``noise_embeds``): float ``(B, S, hidden_size)``."""
-    from normaudit.loaders.inputs import BATCH, SEQ
-
     yield torch.randn(BATCH, SEQ, _hidden(config))
 
 
@@ -42,8 +42,6 @@ def _encoder_states(config: Any) -> Iterator[torch.Tensor]:
     ``(B, S, encoder_hidden_size)`` (BLIP-2's Q-Former reads its image encoder's features so), or
     ``(B, S, hidden_size)`` for a decoder built with ``add_cross_attention``. Nothing for any other config
     (a model that does not cross-attend runs without them)."""
-    from normaudit.loaders.inputs import BATCH, SEQ, cfg_value
-
     width = cfg_value(config, ("encoder_hidden_size",), _TEXT)
     if width is None and getattr(config, "add_cross_attention", False):
         width = _hidden(config)
@@ -55,8 +53,6 @@ def _context_states(config: Any) -> Iterator[torch.Tensor]:
     """Hidden states of the target model's layers a speculative drafter conditions on, concatenated on the
     last dim: float ``(B, S, hidden_size * len(target_layer_ids))`` (DFlash drafters' docstring), ``(B, S,
     hidden_size)`` when the config names no target layers."""
-    from normaudit.loaders.inputs import BATCH, SEQ
-
     layers = getattr(config, "target_layer_ids", None)
     count = len(layers) if isinstance(layers, (list, tuple)) and layers else 1
     yield torch.randn(BATCH, SEQ, _hidden(config) * count)
@@ -65,8 +61,6 @@ def _context_states(config: Any) -> Iterator[torch.Tensor]:
 def _region_features(config: Any) -> Iterator[torch.Tensor]:
     """A detector's region-of-interest features (LXMERT's ``visual_feats``): float ``(B, R,
     visual_feat_dim)``; nothing for a config without ``visual_feat_dim``."""
-    from normaudit.loaders.inputs import BATCH
-
     dim = getattr(config, "visual_feat_dim", None)
     if isinstance(dim, int) and dim > 0:
         yield torch.randn(BATCH, REGIONS, dim)
@@ -75,8 +69,6 @@ def _region_features(config: Any) -> Iterator[torch.Tensor]:
 def _region_boxes(config: Any) -> Iterator[torch.Tensor]:
     """The boxes of those regions (LXMERT's ``visual_pos``): float ``(B, R, visual_pos_dim)`` in [0, 1]
     (normalised corner coordinates); nothing for a config without ``visual_pos_dim``."""
-    from normaudit.loaders.inputs import BATCH
-
     dim = getattr(config, "visual_pos_dim", None)
     if isinstance(dim, int) and dim > 0:
         yield torch.rand(BATCH, REGIONS, dim)
@@ -85,18 +77,14 @@ def _region_boxes(config: Any) -> Iterator[torch.Tensor]:
 def _task_tokens(config: Any) -> Iterator[torch.Tensor]:
     """Token ids of a task prompt (OneFormer's ``task_inputs``, "the task is semantic" tokenised to
     ``task_seq_len``): int64 ``(B, task_seq_len)`` below the text encoder's vocabulary (ids < 100)."""
-    from normaudit.loaders.inputs import BATCH, SEQ, _ids, cfg_value
-
     length = cfg_value(config, ("task_seq_len",), default=SEQ)
     vocab = cfg_value(config, ("text_encoder_vocab_size", "vocab_size"), _TEXT, 100)
-    yield _ids(min(int(vocab), 100), (BATCH, int(length)))
+    yield random_ids(min(int(vocab), 100), (BATCH, int(length)))
 
 
 def _prompt_mask(config: Any) -> Iterator[torch.Tensor]:
     """The attention mask of a prompt's token ids built by the ``input_ids`` builder (OmDet-Turbo's
     ``tasks_attention_mask``, ``classes_attention_mask``): int64 ones ``(B, S)``, every token valid."""
-    from normaudit.loaders.inputs import BATCH, SEQ
-
     yield torch.ones(BATCH, SEQ, dtype=torch.int64)
 
 
@@ -104,17 +92,14 @@ def _prompt_structure(config: Any) -> Iterator[torch.Tensor]:
     """How many of the flattened class prompts belong to each example (OmDet-Turbo's ``classes_structure``;
     its ``classes_input_ids`` are ``(sum(structure), S)``): int64 ones ``(B,)``, one prompt per example,
     as the ``(B, S)`` class ids the ``input_ids`` builder gives hold."""
-    from normaudit.loaders.inputs import BATCH
-
     yield torch.ones(BATCH, dtype=torch.int64)
 
 
 def _image_sets(config: Any) -> Iterator[torch.Tensor]:
     """A set of images per example for a model that cross-attends to each example's images (IDEFICS):
-    float ``(B, 1, C, H, W)``, one image each, sized as :func:`normaudit.loaders.inputs._images` sizes one."""
-    from normaudit.loaders.inputs import _images
-
-    for image in _images(config):
+    float ``(B, 1, C, H, W)``, one image each, sized as :func:`normaudit.loaders.inputs.vision.images` sizes
+    one."""
+    for image in images(config):
         if image.dim() == 4:
             yield image.unsqueeze(1)
 
@@ -122,8 +107,6 @@ def _image_sets(config: Any) -> Iterator[torch.Tensor]:
 def _image_set_mask(config: Any) -> Iterator[torch.Tensor]:
     """Which of its images each text token attends to (IDEFICS' ``image_attention_mask``): int64 ones
     ``(B, S, 1)``, every token to the example's one image."""
-    from normaudit.loaders.inputs import BATCH, SEQ
-
     yield torch.ones(BATCH, SEQ, 1, dtype=torch.int64)
 
 
@@ -140,8 +123,8 @@ COMPANION_BUILDERS: dict[str, Callable[[Any], Iterator[torch.Tensor]]] = {
 #: the config (it describes that input): the model raises or leaves a tower un-run without them
 COMPANION_EXTRAS: tuple[str, ...] = ("visual_feats", "visual_pos", "encoder_hidden_states")
 #: when ``forward`` takes the key, the inputs are built by the value's builders instead (as
-#: :data:`normaudit.loaders.inputs.VARIANTS`): a forward that can take precomputed image-encoder embeddings
-#: beside per-token image masks cross-attends to a set of images per example
+#: :data:`normaudit.loaders.inputs.vision.VISION_VARIANTS`): a forward that can take precomputed
+#: image-encoder embeddings beside per-token image masks cross-attends to a set of images per example
 COMPANION_VARIANTS: dict[str, dict[str, Callable[[Any], Iterator[torch.Tensor]]]] = {
     "image_encoder_embeddings": {"pixel_values": _image_sets, "image_attention_mask": _image_set_mask},
 }
