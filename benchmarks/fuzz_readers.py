@@ -1,4 +1,4 @@
-"""Fuzz the checkpoint and config readers through the command line (issue 11): mutated files, counted outcomes.
+"""Fuzz the checkpoint and config readers through the command line: mutated files, counted outcomes.
 
     python benchmarks/fuzz_readers.py [--cases 1000] [--seed 0] [--timeout 60] [--keep DIR]
 

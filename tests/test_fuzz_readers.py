@@ -1,4 +1,4 @@
-"""Property tests of every checkpoint and config reader on mutated files (issue 11): random byte flips,
+"""Property tests of every checkpoint and config reader on mutated files: random byte flips,
 truncations, header lengths, nesting depth and names. The property: the reader returns a result or raises
 UsageError (exit 2) with a one-line message; never another exception (exit 3) and never a hang.
 

@@ -132,8 +132,8 @@ def test_no_declared_input_size_without_a_valid_cfg():
     assert declared_input_size(m) is None
 
 
-# Towers and encoders whose forward takes other inputs than their main_input_name says (issue 10): the inputs
-# follow the forward's required parameters.
+# Towers and encoders whose forward takes other inputs than their main_input_name says: the inputs follow the
+# forward's required parameters.
 QWEN3_VL_VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32,
                        patch_size=4, num_position_embeddings=16, deepstack_visual_indexes=[])
 
@@ -234,7 +234,8 @@ def test_multimodal_forward_that_fails_is_captured_by_its_main_tower_and_parts(r
     assert "language_model.norm" in graphed and report.capture.unaudited == []
 
 
-# Inputs the forward takes besides a main input (issue 10, coverage): each mechanism with a tiny real config,
+# Inputs the forward takes besides a main input (norms those inputs reach go unaudited without them): each
+# mechanism with a tiny real config,
 # the exact inputs built, and a capture as one graph holding every norm module of the model (sites: each call).
 SERIES = dict(prediction_length=4, context_length=6, lags_sequence=[1, 2, 3], num_time_features=2, d_model=16,
               encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
@@ -348,8 +349,8 @@ def test_token_ids_over_several_codebooks():
     assert infer_hf_inputs(model)[1] == "input_ids int64 (2, 16, 5)"
 
 
-# Inputs sized or shaped by the config keys the forward depends on (issue 10, coverage, second round): each
-# mechanism with a tiny real config, the exact inputs built, and a capture holding every norm module.
+# Inputs sized or shaped by the config keys the forward depends on: each mechanism with a tiny real config,
+# the exact inputs built, and a capture holding every norm module.
 RT_DETR = dict(backbone_config=dict(model_type="resnet", embedding_size=8, hidden_sizes=[8, 16, 32, 64],
                                     depths=[1, 1, 1, 1], layer_type="basic", out_features=["stage2", "stage3", "stage4"]),
                encoder_in_channels=[16, 32, 64], decoder_in_channels=[32, 32, 32], encoder_hidden_dim=32, d_model=32,

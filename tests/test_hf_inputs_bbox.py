@@ -1,5 +1,5 @@
-"""Word boxes for document models (issue 10, coverage): ``bbox`` built as transformers' LayoutLM/Bros model tests
-build it (legal boxes, one per token), tiny real configs on the meta device."""
+"""Word boxes for document models: ``bbox`` built as transformers' LayoutLM/Bros model tests build it
+(legal boxes, one per token), tiny real configs on the meta device."""
 from __future__ import annotations
 
 import pytest

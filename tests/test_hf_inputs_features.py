@@ -1,6 +1,6 @@
-"""Inputs that are already features of a width the model declares, and offline-RL trajectories (issue 10,
-coverage): built as transformers' own model tests build them, tiny real configs on the meta device, and the
-capture they give (one export graph with a site for every norm module)."""
+"""Inputs that are already features of a width the model declares, and offline-RL trajectories: built as
+transformers' own model tests build them, tiny real configs on the meta device, and the capture they give
+(one export graph with a site for every norm module)."""
 from __future__ import annotations
 
 from typing import Any

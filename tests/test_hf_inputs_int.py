@@ -1,4 +1,4 @@
-"""A required ``int`` parameter of ``forward`` (issue 10, coverage): Bark's fine model takes the codebook to
+"""A required ``int`` parameter of ``forward``: Bark's fine model takes the codebook to
 predict, ``codebook_idx``, as its main input; with no value for it normaudit built no inputs at all and the
 fine model's 5 norms stayed unaudited (the zoo sweep's bark: NK101). Also: an image size named
 ``input_size`` (LayoutLMv3) brings the image. Tiny real configs on the meta device."""

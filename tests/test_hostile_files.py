@@ -1,4 +1,4 @@
-"""Hostile and broken files (issue 11): every file of tests/data/make_bad_ckpts.py (a copy of
+"""Hostile and broken files: every file of tests/data/make_bad_ckpts.py (a copy of
 ../shared/bad-inputs/make_bad_ckpts.py) through the command line, as a target, as --checkpoint and as --config.
 
 Each one gives a report, or exit 2 with exactly one ``normaudit: error:`` line naming the file and its cause;

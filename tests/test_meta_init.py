@@ -1,5 +1,5 @@
 """The torch initialisers skip meta tensors while a Hugging Face model is built on meta
-(:mod:`normaudit.loaders.meta_init`, issue 14): restored after (also after an error), real tensors still
+(:mod:`normaudit.loaders.meta_init`): restored after (also after an error), real tensors still
 initialised, each initialiser returning its tensor, tied weights still tied, and no initialiser reaching a
 meta tensor during the build (what made the build's time grow with the depth)."""
 from __future__ import annotations

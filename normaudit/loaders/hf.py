@@ -159,7 +159,7 @@ def share_models_scan(transformers) -> bool:
     ``transformers/__init__.py`` calls ``define_import_structure(Path(.../models))`` and ``models/__init__.py``
     then ``define_import_structure(".../models/__init__.py")``. Both reach the ``lru_cache`` of
     ``create_import_structure_from_path``, which takes the file's folder, but under different keys (a Path, a
-    str): the second call scans again (~0.25 s; issue 14). Before ``transformers.models`` is imported, this
+    str): the second call scans again (~0.25 s of start-up). Before ``transformers.models`` is imported, this
     wraps ``define_import_structure`` so that a package's ``__init__.py`` is looked up under the key of the
     scan already made: the folder as a Path for ``models/``, as the str the recursive scan used for its
     sub-folders (``models/llama``) otherwise. The result is the same mapping. Returns True when the wrapper

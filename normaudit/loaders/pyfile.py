@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from normaudit.errors import UsageError
-from normaudit.options import split_target  # noqa: F401 - torch-free home (issue 14); imported from here too
+from normaudit.options import split_target  # noqa: F401 - in torch-free options for the CLI; imported from here too
 from normaudit.report import SourceLocation
 from normaudit.phases import in_worker, phase
 
