@@ -411,7 +411,7 @@ def _export(model: nn.Module, args: Any, mode: FakeTensorMode, kwargs: Optional[
     (activations, not parameters). ``buffers`` (:func:`integer_buffers`): integer buffers passed as
     constants (:class:`_BufferConstants`). ``lift``: integer factories are constants even without either
     (:class:`_LiftedFactories`)."""
-    from normaudit.loaders.inputs import forward_kwargs, forward_params as _forward_params
+    from normaudit.loaders.inputs import forward_kwargs, forward_params
 
     fixed = dict(fixed or {})
     kwargs = dict(kwargs or {})

@@ -400,13 +400,13 @@ def _capture_submodel(cap: Any, path: str, mod: nn.Module, mode: FakeTensorMode,
     module path of the model. Returns [] when neither captures, or when its graph misses a norm module the
     parts inside it reached."""
     from normaudit.capture import constant_inputs, fake_inputs
-    from normaudit.loaders.inputs import forward_kwargs, forward_params as _forward_params
+    from normaudit.loaders.inputs import forward_kwargs, forward_params
 
     parts, every = within
     built = own_inputs(mod)
     if built is None:
         return []
-    kwargs = {**fake_inputs(built, mode, dtype), **forward_kwargs(_forward_params(mod))}
+    kwargs = {**fake_inputs(built, mode, dtype), **forward_kwargs(forward_params(mod))}
     buffers = buffers_under(getattr(cap, "buffer_values", {}), path)
     sub = capture_one(mod, (), kwargs, mode, constant_inputs(kwargs, built), buffers)
     if sub.gm is not None:

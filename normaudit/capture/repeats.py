@@ -236,12 +236,12 @@ def check_reduced(plan: RepeatPlan, cap: Any, inputs: Any, dtype: torch.dtype) -
                 calls.append((path, _shapes((args, kwargs)), _shapes(out)))
             handles.append(modules[path].register_forward_hook(hook, with_kwargs=True))
     try:
-        from normaudit.loaders.inputs import forward_kwargs, forward_params as _forward_params
+        from normaudit.loaders.inputs import forward_kwargs, forward_params
 
         args = fake_inputs(inputs, mode, dtype)
         kwargs = dict(args) if isinstance(args, dict) else {}
         args = () if isinstance(args, dict) else tuple(args)
-        for key, value in forward_kwargs(_forward_params(root)).items():
+        for key, value in forward_kwargs(forward_params(root)).items():
             kwargs.setdefault(key, value)
         if getattr(getattr(root, "config", None), "use_cache", None) is not None:
             kwargs.setdefault("use_cache", False)
