@@ -11,7 +11,7 @@ usage:
 A dump folder holds ``<test id>__<content hash>.json`` files (one per report a test built); a sweep folder
 holds ``targets/<corpus>/<name>/report.json``. Reports are compared after :func:`normalise`: seconds set to 0,
 temporary and checkout paths replaced by placeholders. Dumps are matched by test id (a test may build several
-reports: compared as a multiset), sweeps by target. Prints the counts, then a unified diff of the first
+reports: compared as a set, since a dump names its files by content), sweeps by target. Prints the counts, then a unified diff of the first
 ``--show`` differing reports. Exit 0 when every report has an identical twin, 1 otherwise.
 """
 from __future__ import annotations
@@ -28,15 +28,22 @@ from typing import Any
 _SECONDS = re.compile(r'"seconds":\s*-?[0-9.eE+-]+')
 _TMP = re.compile(r"/tmp/pytest-of-[^/]+/pytest-\d+/")
 _ADDRESS = re.compile(r"0x[0-9a-f]{6,}")
+#: a wall time inside a note ("graph re-interpreted, 0.02 s")
+_NOTE_SECONDS = re.compile(r"\b\d+\.\d+ s\b")
+#: the name a model file is imported under, derived from its absolute path (normaudit.loaders.pyfile)
+_TARGET_MODULE = re.compile(r"normaudit_target_[0-9a-f]{8,}")
 
 
 def normalise(text: str, root: Path) -> str:
-    """The report text with what differs between two runs of the same code blanked: seconds, pytest's
-    temporary folders, the folder compared (a sweep's ``--out``) and object addresses."""
+    """The report text with what differs between two runs of the same code blanked: seconds (fields and wall
+    times in notes), pytest's temporary folders, the folder compared (a sweep's ``--out``), object addresses and
+    the module name a model file is imported under (derived from the checkout's path)."""
     text = _SECONDS.sub('"seconds": 0', text)
     text = _TMP.sub("<tmp>/", text)
     text = text.replace(str(root.resolve()), "<root>")
     text = _ADDRESS.sub("0x?", text)
+    text = _NOTE_SECONDS.sub("? s", text)
+    text = _TARGET_MODULE.sub("normaudit_target_?", text)
     return text
 
 
@@ -75,8 +82,8 @@ def compare(a: dict[str, list[str]], b: dict[str, list[str]]) -> tuple[dict[str,
             counts["only after"] += 1
             continue
         counts["keys in both"] += 1
-        left, right = collections.Counter(a[key]), collections.Counter(b[key])
-        lost, gained = sorted((left - right).elements()), sorted((right - left).elements())
+        left, right = set(a[key]), set(b[key])
+        lost, gained = sorted(left - right), sorted(right - left)
         if not lost and not gained:
             counts["identical"] += 1
             continue
