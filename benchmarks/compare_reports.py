@@ -47,11 +47,34 @@ def normalise(text: str, root: Path) -> str:
     return text
 
 
+def _drop(value: Any, path: list[str]) -> None:
+    """Remove the field at ``path`` (dotted parts, ``*`` for every item of a list or value of a dict)."""
+    if not path:
+        return
+    head, rest = path[0], path[1:]
+    if head == "*":
+        items = value if isinstance(value, list) else list(value.values()) if isinstance(value, dict) else []
+        for item in items:
+            _drop(item, rest)
+    elif isinstance(value, dict) and head in value:
+        if rest:
+            _drop(value[head], rest)
+        else:
+            del value[head]
+
+
+#: fields to remove before comparing (``--drop``): those a change adds on purpose
+DROPS: list[list[str]] = []
+
+
 def _pretty(text: str) -> str:
     try:
-        return json.dumps(json.loads(text), indent=1, sort_keys=True)
+        data = json.loads(text)
     except ValueError:
         return text
+    for path in DROPS:
+        _drop(data, path)
+    return json.dumps(data, indent=1, sort_keys=True)
 
 
 def load(folder: Path) -> dict[str, list[str]]:
@@ -99,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("after", type=Path)
     parser.add_argument("--show", type=int, default=5, help="diffs to print (default 5)")
     parser.add_argument("--keys", action="store_true", help="list every differing key")
+    parser.add_argument("--drop", action="append", default=[], metavar="FIELD",
+                        help="a dotted field to remove from both sides first (a field added on purpose), "
+                             "'*' for every list item or dict value: model.stream_end, sites.*.extra.inline")
     args = parser.parse_args(argv)
+    DROPS[:] = [d.split(".") for d in args.drop]
     a, b = load(args.before), load(args.after)
     counts, pairs = compare(a, b)
     reports = (sum(map(len, a.values())), sum(map(len, b.values())))
