@@ -327,9 +327,9 @@ def _aliases(root: fx.Node) -> set:
 
 
 def _line(node: fx.Node) -> Optional[dict]:
-    from normaudit.facts.sites import _location
+    from normaudit.facts.sites import location
 
-    loc = _location(node)
+    loc = location(node)
     return {"file": loc.file, "line": loc.line} if loc is not None else None
 
 

@@ -1,0 +1,60 @@
+"""The record of one site (:class:`SiteRecord`) and the source facts it carries: the line of user code that
+computed a node (:func:`location`) and dtype names as the report writes them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch import fx, nn
+
+from normaudit.report import Site, SourceLocation
+
+
+@dataclass
+class SiteRecord:
+    """A site and the graph nodes behind it.
+
+    ``input`` is the tensor the norm normalises, ``output`` the node carrying its result (after gain and
+    bias where those are recognised), ``stat`` the reduction node for hand-written norms, ``nodes`` every
+    node claimed by this site.
+    """
+
+    site: Site
+    input: Optional[fx.Node] = None
+    output: Optional[fx.Node] = None
+    stat: Optional[fx.Node] = None
+    nodes: set = field(default_factory=set)
+    module_obj: Optional[nn.Module] = None
+    hints: dict[str, Any] = field(default_factory=dict)
+
+
+def dtype_str(dt: Optional[torch.dtype]) -> Optional[str]:
+    return str(dt).replace("torch.", "") if dt is not None else None
+
+
+def location(node: Optional[fx.Node], skip_inner: int = 0) -> Optional[SourceLocation]:
+    """A frame of the node's recorded stack trace outside torch: the innermost one, or ``skip_inner``
+    frames further out (1 gives the caller of a hand-written norm's ``forward``)."""
+    if node is None:
+        return None
+    st = node.meta.get("stack_trace")
+    if not st:
+        return None
+    from normaudit.loaders.pyfile import is_tool_file
+
+    frames: list[SourceLocation] = []
+    for line in st.splitlines():
+        line = line.strip()
+        if line.startswith('File "'):
+            fname = line[6:line.index('"', 6)]
+            if is_tool_file(fname):  # torch/normaudit by their real roots, not a substring of the path
+                continue
+            try:
+                lineno = int(line.split(", line ")[1].split(",")[0])
+            except (IndexError, ValueError):
+                continue
+            frames.append(SourceLocation(file=fname, line=lineno))
+    if not frames:
+        return None
+    return frames[max(0, len(frames) - 1 - skip_inner)]
