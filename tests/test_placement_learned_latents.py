@@ -68,7 +68,7 @@ def _mixed(first_flags: dict) -> dict:
     blocks = [Block(path=f"layers.{i}", class_name="Layer", norms={f"layers.{i}.norm": r})
               for i, r in enumerate(["embedding", "pre", "pre"])]
     infos = [_info("layers.0.norm", **first_flags), _info("layers.1.norm"), _info("layers.2.norm")]
-    placement._mark_mixed(blocks, infos)
+    placement.mark_mixed(blocks, infos)
     return infos[0].rec.site.extra
 
 

@@ -43,4 +43,5 @@ def activation_nodes(gm: fx.GraphModule, user_inputs: list[str], created: bool =
 
 
 def is_act(node: Any, act: Optional[set]) -> bool:
+    """``node`` is a graph node in ``act`` (every node when ``act`` is None: the capture names no inputs)."""
     return isinstance(node, fx.Node) and (act is None or node in act)

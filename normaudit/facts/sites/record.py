@@ -30,6 +30,7 @@ class SiteRecord:
 
 
 def dtype_str(dt: Optional[torch.dtype]) -> Optional[str]:
+    """A dtype as the report names it (``torch.bfloat16`` -> ``bfloat16``); None stays None."""
     return str(dt).replace("torch.", "") if dt is not None else None
 
 
