@@ -18,22 +18,14 @@ from normaudit.vocabulary.kinds import builtin_kind
 #: value-preserving reshapes the stream may pass through between a norm/residual add and its user
 VIEW_OPS = ("view", "permute", "transpose", "flatten", "unflatten", "squeeze", "unsqueeze", "movedim",
             "expand", "expand_as")
-
-
 #: overflow guards that keep the stream's values (within range) and its shape: T5's float16
 #: ``clamp(x, -c, c)`` between sublayers and before the final norm, ``nan_to_num``
 GUARD_OPS = ("clamp", "clamp_", "clamp_min", "clamp_max", "clip", "nan_to_num")
-
-
 #: pooling a projection shortcut may apply before its 1x1 conv (ResNet-D)
 POOL_OPS = ("avg_pool1d", "avg_pool2d", "avg_pool3d", "max_pool1d", "max_pool2d", "max_pool3d",
             "adaptive_avg_pool2d")
-
-
 #: elementwise arithmetic that, with a parameter operand, scales or shifts each element: no projection
 GAIN_OPS = ("mul", "div", "add", "sub", "addcmul", "addcdiv")
-
-
 #: parameter-free modules that pass the stream through unchanged (in eval mode, or up to scaling)
 NEUTRAL_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout,
                    nn.Identity)

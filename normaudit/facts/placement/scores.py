@@ -21,12 +21,8 @@ from normaudit.vocabulary.graph import NEUTRAL_OPS, op_name, shape
 
 #: ops that compute attention scores from two activations
 SCORE_OPS = ("sdpa", "matmul", "einsum", "baddbmm")
-
-
 #: ops that project their input by a weight operand (a linear or conv layer, a matmul with a weight)
 PROJECTION_OPS = ("linear", "addmm", "mm", "bmm", "matmul", "conv", "conv1d", "conv2d", "conv3d", "einsum")
-
-
 #: ops that read only the size, dtype and device of their tensor input, not its values
 SHAPE_ONLY_OPS = ("new_zeros", "new_ones", "new_empty", "new_full", "new_tensor", "zeros_like", "ones_like",
                   "empty_like", "full_like", "rand_like", "randn_like", "randint_like", "size", "dim", "numel",

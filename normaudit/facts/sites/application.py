@@ -47,8 +47,6 @@ def _related(node: Any, source: fx.Node, depth: int = 5) -> bool:
 
 
 SCALE_PATH = ("expand", "expand_as", "unsqueeze", "view", "reshape", "_unsafe_view")
-
-
 _PROJECTIONS = ("linear", "mm", "matmul")
 
 
