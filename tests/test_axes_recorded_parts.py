@@ -1,4 +1,4 @@
-"""Axes of a part captured on the inputs the model's forward gave it (issue 10 precision): rank-4 hidden
+"""Axes of a part captured on the inputs the model's forward gave it: rank-4 hidden
 states read by a LayerNorm are no image. Llama 4's vision encoder, captured by parts, normalises
 ``(B, tiles, tokens, D)`` with ``layernorm_pre`` (modeling_llama4.py:1102); labelled (batch, channel, height,
 width) by their rank alone, NL102 said the LayerNorm normalised the image width."""

@@ -1,14 +1,14 @@
-"""Issue 15 (deeper detection): the facts behind the norm bugs public bug reports found and normaudit missed.
+"""Deeper detection: the facts behind the norm bugs public bug reports found and normaudit missed.
 
 Each class has its facts asserted here on small in-memory models (exact modules and values); the rules over
 them are checked against their fixtures by the family tests (tests/fixtures/<family>/<ID>_<n>.py).
 
-- item 6: the eps an ``eps=None`` RMSNorm really uses, in ``site.eps`` (torch.nn.RMSNorm docs);
-- item 1: norm modules registered but never applied (``model.unused_norms``);
-- item 3: hand-written GroupNorm recognised by its computation (``kind``, ``num_groups``, ``group_split``);
-- item 4: frozen BatchNorms that ``model.train()`` unfreezes (``site.freeze``);
-- item 7: per-module gain convention against the checkpoint, shape mismatches (``site.weights``);
-- item 8: casts around the norm (``site.output_dtype``, ``site.formula.cast``).
+- the eps an ``eps=None`` RMSNorm really uses, in ``site.eps`` (torch.nn.RMSNorm docs);
+- norm modules registered but never applied (``model.unused_norms``);
+- hand-written GroupNorm recognised by its computation (``kind``, ``num_groups``, ``group_split``);
+- frozen BatchNorms that ``model.train()`` unfreezes (``site.freeze``);
+- per-module gain convention against the checkpoint, shape mismatches (``site.weights``);
+- casts around the norm (``site.output_dtype``, ``site.formula.cast``).
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_rmsnorm_without_eps_reports_the_eps_of_its_dtype(dtype, eps):
     assert default.describe() == "nn.RMSNorm(normalized_shape=[16])"
 
 
-# -- item 1: registered but never applied -------------------------------------------------------------------
+# -- registered but never applied ---------------------------------------------------------------------------
 PLACEMENT = FIXTURES / "placement"
 
 
@@ -90,7 +90,7 @@ def test_unreached_tower_is_no_unused_norm():
     assert "vision.post_layernorm" in {u.module for u in r.capture.unaudited} | {s.module for s in r.sites}
 
 
-# -- item 3: hand-written GroupNorm --------------------------------------------------------------------------
+# -- hand-written GroupNorm ---------------------------------------------------------------------------------
 LAYOUT = FIXTURES / "layout"
 
 
@@ -126,7 +126,7 @@ def test_channels_last_reshape_groups_rows_and_the_finding_names_them():
             "of (width, channel)") in f.message
 
 
-# -- item 4: frozen BatchNorm that model.train() unfreezes ----------------------------------------------------
+# -- frozen BatchNorm that model.train() unfreezes ----------------------------------------------------------
 BATCHNORM = FIXTURES / "batchnorm"
 
 
@@ -156,7 +156,7 @@ def test_norm_eval_override_and_a_fully_frozen_model_are_not_flagged():
     assert not [f for f in teacher.findings if f.rule_id == "NB109"]
 
 
-# -- item 7: gain conventions against the checkpoint, shapes ------------------------------------------------
+# -- gain conventions against the checkpoint, shapes --------------------------------------------------------
 CHECKPOINT = FIXTURES / "checkpoint"
 
 
@@ -199,7 +199,7 @@ def test_k_norm_sized_like_q_norm_is_a_shape_mismatch(tmp_path):
     assert site(report, "q_norm").weights.shape_mismatch == []
 
 
-# -- item 8: casts around the norm ---------------------------------------------------------------------------
+# -- casts around the norm ----------------------------------------------------------------------------------
 NORM_TYPE = FIXTURES / "norm_type"
 
 

@@ -1,4 +1,4 @@
-"""Recall of site discovery on norms a forward calls that the graph had no site for (issue 10), one test per
+"""Recall of site discovery on norms a forward calls that the graph had no site for, one test per
 mechanism:
 
 - data the forward makes itself: a decoder whose start tokens the model builds (``torch.full``, Dia) or a

@@ -1,4 +1,4 @@
-"""An inverse RMS applied to a projection of the tensor it was taken on is an RMSNorm site (issue 10 §4):
+"""An inverse RMS applied to a projection of the tensor it was taken on is an RMSNorm site:
 ``F.linear(x, W) * rsqrt(mean(x^2, -1) + eps) == F.linear(x * rsqrt(mean(x^2, -1) + eps), W)``. Model: the
 hyper-connections of transformers' HY-V4 (DeepSeek-V4 form), whose ``HYV4UnweightedRMSNorm`` returns only
 ``torch.rsqrt(x.float().square().mean(-1, keepdim=True) + self.eps)`` for its caller to multiply:

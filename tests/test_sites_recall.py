@@ -1,4 +1,4 @@
-"""Recall of site discovery on norms real libraries write by hand (issue 10 §4), recognised by what they
+"""Recall of site discovery on norms real libraries write by hand, recognised by what they
 compute: frozen BatchNorms, EvoNorms, Global Response Normalization, L2-based RMSNorms, sums of squares, a
 module returning only the inverse RMS, cosine q/k norms with a learned temperature; and the not-norms
 (weight standardisation, contrastive cosine logits) that must stay out. Also the probe's layout for
@@ -64,6 +64,11 @@ def _got(records):
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("cls", ["FrozenBatchNorm2d", "FrozenBatchNormAct2d"])
 def test_frozen_batchnorm_is_a_batchnorm_site(method, cls):
+    """torchvision/timm/detectron2 ``FrozenBatchNorm2d`` and transformers' ``DetrFrozenBatchNorm2d``:
+    ``x * (w * rsqrt(running_var + eps)) + shift``, the statistic a per-channel buffer: a BatchNorm in eval
+    mode. Symbolic tracing folds the buffer arithmetic into ``x * constant + constant``, so the module is
+    retraced alone with ``make_fx`` to read its eps; timm's ``FrozenBatchNormAct2d`` also holds its
+    activation as a child."""
     records = _records(Conv(getattr(R, cls)(8, eps=1e-3)), IMG, method)
     assert _got(records) == [("norm", "BatchNorm", 1e-3, ["batch", "height", "width"])]
     s = records[0].site
@@ -91,6 +96,8 @@ def test_frozen_batchnorm_eps_zero_is_caught_by_the_eps_rules():
      "Other (EvoNorm-S): x * sigmoid(v * x) / sqrt(var_pop + eps) * w + b over [channel, height, width]"),
 ])
 def test_evonorms_are_sites(method, cls, eps, axes, text):
+    """timm's EvoNorms (Liu et al. 2020) are kind Other: EvoNorm-S0's gated numerator
+    ``x * sigmoid(v * x) / group_std(x)``, EvoNorm-B0's ``max`` of two denominators."""
     records = _records(Conv(getattr(R, cls)(8)), IMG, method)
     assert _got(records) == [("norm", "Other", eps, axes)]
     assert records[0].site.formula.text == text
@@ -105,6 +112,8 @@ def test_evonorm_s0_statistics_are_per_group(method):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_global_response_norm_is_a_site(method):
+    """Global Response Normalization (ConvNeXt-V2, timm ``GlobalResponseNorm``): ``||x||_2`` over H, W divided
+    by its channel mean + eps, kind Other."""
     records = _records(Conv(R.GlobalResponseNorm(8), channels_last=True), IMG, method)
     assert _got(records) == [("norm", "Other", 1e-6, ["height", "width", "channel"])]
     assert records[0].site.reduced_dims == [1, 2, 3]
@@ -114,6 +123,8 @@ def test_global_response_norm_is_a_site(method):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_l2_norms_with_a_gain_are_rmsnorms(method):
+    """``F.normalize(x) * g * sqrt(C)`` (lucidrains' RMSNorm of UNets) and a learned ``scale * F.normalize(x)``
+    are RMSNorms: the L2 norm is the RMS up to sqrt(d), which the gain absorbs."""
     records = _records(Conv(R.L2RMSNorm2d(8)), IMG, method)
     assert _got(records) == [("norm", "RMSNorm", 1e-12, ["channel"])]
     # F.normalize * g * sqrt(C) is x / sqrt(mean(x^2)): the probe confirms it on the (1, C, 1, 1) gain
@@ -124,6 +135,7 @@ def test_l2_norms_with_a_gain_are_rmsnorms(method):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_sum_of_squares_is_an_l2_rmsnorm(method):
+    """nGPT's ``x * rsqrt(sum(x^2) + eps)``: a sum of squares, the L2 norm, is an RMSNorm up to sqrt(d)."""
     records = _records(Seq(R.NGPTNorm(16)), SEQ, method)
     assert _got(records) == [("norm", "RMSNorm", 1e-6, ["feature"])]
     assert records[0].hints["statistic"] == "l2_norm"
@@ -140,6 +152,8 @@ def test_module_returning_only_the_inverse_rms_is_probed(method):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_cosine_qk_norms_with_a_learned_temperature_are_sites(method):
+    """Swin-V2's cosine attention: L2-normalised q and k whose scores a learned temperature scales before the
+    softmax are two RMSNorm sites (the temperature is their gain)."""
     records = _records(Seq(R.CosineAttention(16)), SEQ, method)
     assert [(r.site.module, r.site.call_index, r.site.kind, r.site.eps, r.site.reduced_dims) for r in records] == [
         ("norm", 0, "RMSNorm", 1e-12, [3]), ("norm", 1, "RMSNorm", 1e-12, [3])]
@@ -147,6 +161,8 @@ def test_cosine_qk_norms_with_a_learned_temperature_are_sites(method):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_contrastive_cosine_logits_are_not_sites(method):
+    """CLIP's contrastive logits ``text_n @ image_n^T * logit_scale.exp()``: a learned temperature, but no
+    softmax in the forward (it lives in the loss): a cosine similarity, no norm layer."""
     model = R.ContrastiveHead(16)
     cap = capture_model(copy.deepcopy(model), (torch.randn(4, 16), torch.randn(3, 16)), on_meta=False,
                         methods=(method,))
@@ -157,6 +173,8 @@ def test_contrastive_cosine_logits_are_not_sites(method):
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("cls", ["StdConv2d", "WSConv2d"])
 def test_weight_standardisation_is_not_a_site(method, cls):
+    """Weight standardisation (Qiao et al. 2019; timm's ``StdConv2d`` of Big Transfer, ``F.batch_norm`` over
+    the conv's weight) normalises a parameter, no activation: no site."""
     conv = R.StdConv2d(8, 8, 3) if cls == "StdConv2d" else R.WSConv2d(8, 8, 3, padding=1)
     assert _records(Conv(conv), IMG, method) == []
 
@@ -196,6 +214,8 @@ def test_probe_layout_undoes_the_permute_of_a_channels_first_norm():
 
 @pytest.mark.parametrize("method", METHODS)
 def test_simple_norm_is_classified_by_what_it_computes(method):
+    """timm's SimpleNorm, ``x * rsqrt(var(x) + eps) * w``: no mean subtracted, so an RMSNorm whatever it is
+    called, with the unbiased variance as its statistic."""
     records = _records(Seq(R.SimpleNorm(16)), SEQ, method)
     assert _got(records) == [("norm", "RMSNorm", 1e-5, ["feature"])]
     f = records[0].site.formula

@@ -1,4 +1,4 @@
-"""Norms inside ``torch.no_grad()`` / ``torch.autocast`` regions are sites (issue 10 §4): ``torch.export``
+"""Norms inside ``torch.no_grad()`` / ``torch.autocast`` regions are sites: ``torch.export``
 keeps such a region as a higher-order op (``wrap_with_set_grad_enabled``, ``wrap_with_autocast``) whose body is
 a nested graph; :mod:`normaudit.capture.hop` inlines it. Model: the sparse-attention indexer of transformers'
 AXK2 / HY-V4 / GLM-5 (``@torch.no_grad()`` forward, ``self.k_norm = nn.LayerNorm(head_dim, eps=1e-6)``)."""

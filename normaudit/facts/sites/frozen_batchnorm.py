@@ -4,10 +4,7 @@ kind BatchNorm in eval mode with running statistics tracked (hint ``statistic="r
 Export records the buffer arithmetic (:func:`add_frozen_batchnorm` reads it). Symbolic tracing proxies
 parameters only, so it evaluates the buffer arithmetic while tracing and leaves ``x * constant + constant``:
 a childless module holding 1-D buffers is then retraced alone with ``make_fx`` on meta tensors to read its
-eps (:func:`folded_frozen_batchnorm_sites`).
-
-Known forms: torchvision ``FrozenBatchNorm2d`` (torchvision/ops/misc.py), detectron2 ``FrozenBatchNorm2d``
-(detectron2/layers/batch_norm.py); the others are pinned in tests/test_sites_recall.py."""
+eps (:func:`folded_frozen_batchnorm_sites`)."""
 from __future__ import annotations
 
 import copy
