@@ -93,8 +93,8 @@ def _seq_module(mod: nn.Module, x: list[Dim], node: fx.Node) -> Any:
     if not isinstance(v, (tuple, list)) or not v or not isinstance(v[0], torch.Tensor):
         return None
     out0 = v[0]
-    first = same_dims(x[:-1], tuple(out0.shape)[:-1]) + [named_dim("feature", out0.shape[-1])] if len(x) == out0.dim() else \
-        [unknown_dim(s) for s in out0.shape]
+    first = same_dims(x[:-1], tuple(out0.shape)[:-1]) + [named_dim("feature", out0.shape[-1])] \
+        if len(x) == out0.dim() else [unknown_dim(s) for s in out0.shape]
     rest = tuple(tensor_unknowns(t) for t in v[1:])
     return (first,) + rest
 

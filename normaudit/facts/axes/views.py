@@ -251,7 +251,8 @@ def layout_dims(node: fx.Node, name: str, raw: str, x: list[Dim], out_shape: Seq
         return same_dims(x[:d] + x[d + 1:], out_shape)
     if raw == "diagonal" and len(out_shape) == rank - 1:
         d1, d2 = int(arg(node, 2, "dim1", 0)) % rank, int(arg(node, 3, "dim2", 1)) % rank
-        return same_dims([d for k, d in enumerate(x) if k not in (d1, d2)], out_shape[:-1]) + [unknown_dim(out_shape[-1])]
+        kept = [d for k, d in enumerate(x) if k not in (d1, d2)]
+        return same_dims(kept, out_shape[:-1]) + [unknown_dim(out_shape[-1])]
     if raw in ("diagonal", "unfold", "as_strided", "stride"):
         return unknown_dims(out_shape)
     return None

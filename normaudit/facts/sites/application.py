@@ -136,7 +136,8 @@ def numerator_form(other: Any, source: fx.Node, act: Optional[set]) -> str:
         if name == "sub" and len(node.args) > 1:
             m = strip_neutral(node.args[1])
             if isinstance(m, fx.Node) and (
-                    (op_name(m) == "mean" and reduction(m) is not None and view_base(reduction(m).source) is view_base(node.args[0]))
+                    (op_name(m) == "mean" and reduction(m) is not None
+                     and view_base(reduction(m).source) is view_base(node.args[0]))
                     or (op_name(m) == "getitem" and isinstance(m.args[0], fx.Node)
                         and op_name(m.args[0]) in ("var_mean", "std_mean"))):
                 return "centred"
