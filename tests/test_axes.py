@@ -20,8 +20,6 @@ from normaudit.audit import AuditOptions, run_audit
 from normaudit.capture import capture_model
 from normaudit.engine.loader import builtin_rules_dir, load_rule_file
 from normaudit.facts import axes as axes_pass
-from normaudit.facts.axes.ops import raw_name
-from normaudit.facts.axes.views import fixed_sizes, reshape_dims
 from normaudit.probes import size as probes_pass
 from normaudit.facts.sites import discover_sites
 
@@ -194,16 +192,16 @@ def test_labels_through_reshapes_heads_einsum_pooling(method):
 def test_merged_axes_split_back_exactly():
     """(b*s, d) -> (b, s, d) recovers batch and sequence; (b, c, h*w) -> (b, c, h, w) recovers height/width."""
     d = lambda name, n: (((name,), n),)  # noqa: E731
-    merged = reshape_dims([d("batch", 2), d("sequence", 8), d("feature", 16)], (16, 16))
+    merged = axes_pass.views.reshape_dims([d("batch", 2), d("sequence", 8), d("feature", 16)], (16, 16))
     assert [axes_pass.dim_label(x) for x in merged] == [("batch", "sequence"), ("feature",)]
-    back = reshape_dims(merged, (2, 8, 16))
+    back = axes_pass.views.reshape_dims(merged, (2, 8, 16))
     assert [axes_pass.dim_label(x) for x in back] == [("batch",), ("sequence",), ("feature",)]
-    heads = reshape_dims(back, (2, 8, 4, 4))
+    heads = axes_pass.views.reshape_dims(back, (2, 8, 4, 4))
     assert [axes_pass.dim_label(x) for x in heads] == [("batch",), ("sequence",), ("head",), ("feature",)]
-    assert axes_pass.dim_label(reshape_dims(heads, (2, 8, 16))[2]) == ("feature",)
-    img = reshape_dims([d("batch", 2), d("channel", 3), d("height", 4), d("width", 5)], (2, 3, 20))
+    assert axes_pass.dim_label(axes_pass.views.reshape_dims(heads, (2, 8, 16))[2]) == ("feature",)
+    img = axes_pass.views.reshape_dims([d("batch", 2), d("channel", 3), d("height", 4), d("width", 5)], (2, 3, 20))
     assert axes_pass.axes_text([axes_pass.dim_label(x) for x in img]) == ["batch", "channel", "height*width"]
-    assert [axes_pass.dim_label(x) for x in reshape_dims(img, (2, 3, 4, 5))][2:] == [("height",), ("width",)]
+    assert [axes_pass.dim_label(x) for x in axes_pass.views.reshape_dims(img, (2, 3, 4, 5))][2:] == [("height",), ("width",)]
 
 
 class PackedMerger(nn.Module):
@@ -256,11 +254,11 @@ def test_fixed_sizes_of_a_view():
     every size is a plain int."""
     gm = torch.fx.symbolic_trace(PackedMerger())
     views = [n for n in gm.graph.nodes if n.op == "call_method" and n.target in ("view", "reshape")]
-    assert [fixed_sizes(n, 2) for n in views] == [[False, True], [False, True], [True, False]]
+    assert [axes_pass.views.fixed_sizes(n, 2) for n in views] == [[False, True], [False, True], [True, False]]
     g = torch.fx.Graph()
     x = g.placeholder("x")
-    assert fixed_sizes(g.call_method("view", (x, 4, 32)), 2) is None
-    assert fixed_sizes(g.call_method("flatten", (x, 1)), 2) is None
+    assert axes_pass.views.fixed_sizes(g.call_method("view", (x, 4, 32)), 2) is None
+    assert axes_pass.views.fixed_sizes(g.call_method("flatten", (x, 1)), 2) is None
 
 
 class AudioNet(nn.Module):
@@ -579,7 +577,7 @@ def test_tokens_merged_into_features_by_plain_int_sizes_are_features(method):
     assert _site_axes(PlainIntMerger(), (torch.randn(16, 8),), method)[0] == ("ln", ["batch", "feature"], ["feature"])
     cap = capture_model(PlainIntMerger(), (torch.randn(16, 8),), on_meta=False, methods=(method,))
     env = axes_pass.label_graph(cap)
-    views = [n for n in cap.gm.graph.nodes if raw_name(n) in ("view", "reshape", "_unsafe_view")]
+    views = [n for n in cap.gm.graph.nodes if axes_pass.ops.raw_name(n) in ("view", "reshape", "_unsafe_view")]
     assert [axes_pass.axes_text(env[n]) for n in views] == [["batch", "feature"]] * 3 + [["batch", "batch*feature"]]
 
 
