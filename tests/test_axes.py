@@ -1,10 +1,7 @@
 """Axis provenance (normaudit.facts.axes), the size probe (normaudit.probes.size) and the layout rules NL1xx.
 
-Exact modules, axes and values are asserted. The rule fixtures live in tests/fixtures/layout/<ID>_<n>.py: each
-declares ``EXPECT`` (rule id -> the exact modules it must flag), ``NOT_FLAGGED`` (sites that must exist and stay
-unflagged), optionally ``AXES``/``INPUT_AXES``/``CHANNEL_AXES`` (per module), ``SEVERITY``, ``OPTIONS`` (audit
-options, e.g. probes) and ``CAPTURE`` (the capture method expected). ``run_fixture`` is shared with
-test_batchnorm.py.
+Exact modules, axes and values are asserted. The rules' fixtures (tests/fixtures/layout/<ID>_<n>.py) are run by
+test_rule_fixtures.py; the tests here audit some of them again for the facts behind the findings.
 """
 from __future__ import annotations
 
@@ -16,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from normaudit.audit import AuditOptions, run_audit
 from normaudit.capture import capture_model
 from normaudit.engine.loader import builtin_rules_dir, load_rule_file
 from normaudit.facts import axes as axes_pass
@@ -26,7 +22,6 @@ from normaudit.facts.sites import discover_sites
 from conftest import audit_model, flagged, site
 
 FIXTURES = Path(__file__).parent / "fixtures"
-LAYOUT = sorted((FIXTURES / "layout").glob("N*.py"))
 MY_FAMILIES = ("layout", "batchnorm")
 
 
@@ -43,49 +38,6 @@ def load_fixture(path: Path):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def run_fixture(path: Path, rules) -> None:
-    """Audit one rule fixture and check everything it declares."""
-    spec = load_fixture(path)
-    opts = dict(getattr(spec, "OPTIONS", {}))
-    if "config" in opts:
-        opts["config"] = str(path.parent / opts["config"])
-    r = run_audit(AuditOptions(target=str(path), **opts), rules)
-    modules = {s.module for s in r.sites}
-    for rule_id, expected in spec.EXPECT.items():
-        assert flagged(r, rule_id) == sorted(expected), (rule_id, [f.message for f in r.findings])
-    for (rule_id, module), sev in getattr(spec, "SEVERITY", {}).items():
-        assert [f.severity for f in r.findings if f.rule_id == rule_id and f.module == module] == [sev]
-    for module in spec.NOT_FLAGGED:
-        assert module in modules, f"true negative {module!r} is not a site: {sorted(modules)}"
-        assert not [f for f in r.findings if f.module == module and f.rule_id in spec.EXPECT], module
-    for module, axes in getattr(spec, "AXES", {}).items():
-        assert site(r, module).normalized_axes == axes, module
-    for module, axes in getattr(spec, "INPUT_AXES", {}).items():
-        assert site(r, module).input_axes == axes, module
-    for module, axes in getattr(spec, "CHANNEL_AXES", {}).items():
-        assert site(r, module).channel_axes == axes, module
-    if hasattr(spec, "CAPTURE"):
-        assert r.capture.method == spec.CAPTURE
-
-
-@pytest.mark.parametrize("path", LAYOUT, ids=lambda p: p.stem)
-def test_layout_fixture(path, my_rules):
-    run_fixture(path, my_rules)
-
-
-def test_every_layout_rule_has_true_positive_and_negative_fixtures(my_rules):
-    covered_tp, covered_tn = set(), set()
-    for path in LAYOUT + sorted((FIXTURES / "batchnorm").glob("N*.py")):
-        spec = load_fixture(path)
-        for rule_id, mods in spec.EXPECT.items():
-            (covered_tp if mods else covered_tn).add(rule_id)
-            if spec.NOT_FLAGGED:
-                covered_tn.add(rule_id)
-    ids = set(my_rules)
-    assert ids - covered_tp == set(), "rules without a true-positive fixture"
-    assert ids - covered_tn == set(), "rules without a true-negative fixture"
 
 
 # ------------------------------------------------------------------------ labels on both graph flavours

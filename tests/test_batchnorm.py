@@ -1,7 +1,7 @@
 """BatchNorm/GroupNorm/InstanceNorm facts (normaudit.facts.batchnorm), the batch-independence probe
 (normaudit.probes.batch.batch_probe) and the batchnorm rules NB1xx, with exact modules and values.
 
-Rule fixtures: tests/fixtures/batchnorm/<ID>_<n>.py (format in test_axes.py).
+The rules' fixtures (tests/fixtures/batchnorm/<ID>_<n>.py) are run by test_rule_fixtures.py.
 """
 from __future__ import annotations
 
@@ -15,15 +15,7 @@ from normaudit.probes import batch as probes_pass
 from normaudit.facts.batchnorm import groupnorm_config_problems
 
 from conftest import CASES, audit_file, audit_model, flagged, site
-from test_axes import FIXTURES, my_rules, run_fixture  # noqa: F401 - my_rules is a fixture
-
-BATCHNORM = sorted((FIXTURES / "batchnorm").glob("N*.py"))
-
-
-@pytest.mark.parametrize("path", BATCHNORM, ids=lambda p: p.stem)
-def test_batchnorm_fixture(path, my_rules):
-    run_fixture(path, my_rules)
-
+from test_axes import FIXTURES, my_rules  # noqa: F401 - my_rules is a fixture
 
 def test_batch_of_one_error_quotes_pytorch(my_rules):
     from test_axes import load_fixture

@@ -162,7 +162,7 @@ CHECKPOINT = FIXTURES / "checkpoint"
 
 def test_gain_centre_per_module_against_the_graph_convention(tmp_path):
     """Every site: its gain form from the graph, its checkpoint centre; the final norm is the odd one out."""
-    from test_eps import audit_fixture
+    from test_rule_fixtures import audit_fixture
 
     report, _ = audit_fixture(CHECKPOINT / "NC108_1.py", family_rules("checkpoint"), tmp_path)
     got = {s.module: (s.formula.gain, s.weights.gain_centre) for s in report.sites}
@@ -191,7 +191,7 @@ def test_checkpoint_alone_with_two_centres_is_info(tmp_path):
 
 
 def test_k_norm_sized_like_q_norm_is_a_shape_mismatch(tmp_path):
-    from test_eps import audit_fixture
+    from test_rule_fixtures import audit_fixture
 
     report, _ = audit_fixture(CHECKPOINT / "NC109_1.py", family_rules("checkpoint"), tmp_path)
     (m,) = site(report, "k_norm").weights.shape_mismatch

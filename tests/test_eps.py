@@ -1,8 +1,7 @@
 """Eps facts (normaudit.facts.eps) and the eps rules (rules/eps/NE1xx).
 
-Every fixture tests/fixtures/eps/<ID>_<n>.py names the exact modules its rule must flag (with severity) and
-must not flag; ``config``/``dtype``/``checkpoint`` in its EXPECT are the audit's options (a checkpoint is
-written by the fixture's ``make_checkpoint(model, path)`` into a temporary directory).
+The rules' fixtures (tests/fixtures/eps/<ID>_<n>.py) are run by test_rule_fixtures.py; the tests here audit
+some of them again for the facts behind the findings.
 """
 from __future__ import annotations
 
@@ -11,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import CASES, audit_file, family_rules, load_fixture_module, requires_cases, site
+from conftest import CASES, audit_file, family_rules, requires_cases, site
 from normaudit.facts.eps import EPS_KEYS, eps_dtype_of, find_eps_key, rounded
 from normaudit.report import Formula, Site
+from test_rule_fixtures import audit_fixture
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eps"
 
@@ -22,60 +22,6 @@ FIXTURES = Path(__file__).parent / "fixtures" / "eps"
 def eps_rules():
     """Only the eps rules: these tests must not depend on other families' rules."""
     return family_rules("eps")
-
-
-load_fixture = load_fixture_module
-
-
-def audit_fixture(path: Path, rules, tmp_path: Path):
-    """Audit a fixture with the options its EXPECT names; returns (report, EXPECT)."""
-    module = load_fixture(path)
-    for name in getattr(module, "REQUIRES", []):
-        pytest.importorskip(name)
-    expect = module.EXPECT
-    kwargs = {"dtype": expect.get("dtype", "float32")}
-    if "config" in expect:
-        kwargs["config"] = str(path.parent / expect["config"])
-    if "checkpoint" in expect:
-        ckpt = tmp_path / expect["checkpoint"]
-        torch.manual_seed(0)
-        module.make_checkpoint(module.build_model(), ckpt)
-        kwargs["checkpoint"] = str(ckpt)
-    return audit_file(path, rules, **kwargs), expect
-
-
-def check_fixture(report, expect, category: str):
-    got = {f.module: f for f in report.findings if f.rule_id == expect["rule"]}
-    assert {m: f.severity for m, f in got.items()} == expect["flagged"], [(f.module, f.message) for f in got.values()]
-    for module in expect.get("not_flagged", []):
-        site(report, module)  # the module is a site: a true negative, not a miss
-        assert module not in got
-    for text in expect.get("message_has", []):
-        assert any(text in f.message for f in got.values()), (text, [f.message for f in got.values()])
-    for text in expect.get("fix_has", []):
-        assert any(text in (f.fix or "") for f in got.values()), (text, [f.fix for f in got.values()])
-    for other in expect.get("also_silent", []):
-        assert not [f for f in report.findings if f.rule_id == other], other
-    for f in got.values():
-        assert f.category == category and f.fix and "{" not in f.message + f.fix
-
-
-def fixture_params(directory: Path, prefix: str):
-    return [pytest.param(p, id=p.stem) for p in sorted(directory.glob(f"{prefix}*_*.py"))]
-
-
-@pytest.mark.parametrize("path", fixture_params(FIXTURES, "NE"))
-def test_rule_fixture(path, eps_rules, tmp_path):
-    report, expect = audit_fixture(path, eps_rules, tmp_path)
-    check_fixture(report, expect, "eps")
-
-
-def test_every_eps_rule_has_true_positive_and_true_negative(eps_rules):
-    positives, negatives = set(), set()
-    for param in fixture_params(FIXTURES, "NE"):
-        expect = load_fixture(param.values[0]).EXPECT
-        (positives if expect["flagged"] else negatives).add(expect["rule"])
-    assert set(eps_rules) == positives == negatives
 
 
 # -- facts ------------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The numerics probe (``--probe numerics``, normaudit.probes.numerics), the static output bound
 (normaudit.facts.numerics) and the numerics rules NN102-NN106, with exact modules and values.
 
-Every fixture tests/fixtures/numerics/<ID>_<n>.py lists in ``EXPECT`` runs of one rule (audit options, an optional
-checkpoint written by ``make_checkpoint``) with the exact modules it must flag (with severity) and must not.
+The rules' fixtures (tests/fixtures/numerics/<ID>_<n>.py) are run by test_rule_fixtures.py; the tests here read
+the reports of some of their cases (``fixture_report``, shared with that runner) for the values behind the findings.
 """
 from __future__ import annotations
 
@@ -18,10 +18,9 @@ from conftest import audit_file, audit_model, load_fixture_module, site
 from normaudit.engine.loader import load_rules
 from normaudit.facts.numerics import output_bound
 from normaudit.probes.numerics import tensor_stats
+from test_rule_fixtures import fixture_report
 
 FIXTURES = Path(__file__).parent / "fixtures" / "numerics"
-NUMERICS_RULES = {"NN102", "NN103", "NN104", "NN105", "NN106"}  # NN101's fixtures are in fixtures/norm_type
-RANK = {"info": 0, "warning": 1, "error": 2}
 
 
 @pytest.fixture(scope="module")
@@ -29,66 +28,9 @@ def rules():
     return load_rules()
 
 
-def _entries():
-    out = []
-    for path in sorted(FIXTURES.glob("NN*_*.py")):
-        for i, exp in enumerate(load_fixture_module(path).EXPECT):
-            out.append(pytest.param(path, i, id=f"{path.stem}-{i}-{exp['rule']}-{exp['args'].get('dtype', 'float32')}"))
-    return out
-
-
-_CACHE: dict = {}
-
-
-def run_fixture(path: Path, index: int, rules, tmp_path: Path):
-    """Audit a fixture with the options of its ``EXPECT[index]`` (cached per fixture and options)."""
-    module = load_fixture_module(path)
-    exp = module.EXPECT[index]
-    kwargs = dict(exp["args"])
-    key = (path.name, json.dumps(kwargs, sort_keys=True), exp.get("checkpoint"))
-    if key not in _CACHE:
-        if "checkpoint" in exp:
-            ckpt = tmp_path / exp["checkpoint"]
-            torch.manual_seed(0)
-            module.make_checkpoint(module.build_model(), ckpt)
-            kwargs["checkpoint"] = str(ckpt)
-        _CACHE[key] = audit_file(path, rules, **kwargs)
-    return _CACHE[key], exp
-
-
-@pytest.mark.parametrize("path,index", _entries())
-def test_rule_fixture(path, index, rules, tmp_path):
-    report, exp = run_fixture(path, index, rules, tmp_path)
-    got = {f.module: f for f in report.findings if f.rule_id == exp["rule"]}
-    assert {m: f.severity for m, f in got.items()} == exp["flagged"], [(f.module, f.message) for f in got.values()]
-    for module in exp.get("not_flagged", []):
-        site(report, module)  # a site: a true negative, not a miss
-        assert module not in got
-    for text in exp.get("message_has", []):
-        assert any(text in f.message for f in got.values()), (text, [f.message for f in got.values()])
-    for text in exp.get("fix_has", []):
-        assert any(text in (f.fix or "") for f in got.values()), (text, [f.fix for f in got.values()])
-    for other in exp.get("also_silent", []):
-        assert not [f for f in report.findings if f.rule_id == other], other
-    if exp.get("silent"):
-        assert [(f.rule_id, f.module, f.message) for f in report.findings if RANK[f.severity] >= 1] == []
-    for f in got.values():
-        assert f.category == "numerics" and f.fix and "{" not in f.message + f.fix and "None" not in f.message
-
-
-def test_every_numerics_rule_has_true_positive_and_true_negative():
-    positives, negatives = set(), set()
-    for path in sorted(FIXTURES.glob("NN*_*.py")):
-        for exp in load_fixture_module(path).EXPECT:
-            (positives if exp["flagged"] else negatives).add(exp["rule"])
-    assert positives == negatives == NUMERICS_RULES
-    shipped = {p.name.split("-")[0] for p in (Path(__file__).parents[1] / "rules" / "numerics").glob("NN*.yaml")}
-    assert shipped == NUMERICS_RULES | {"NN101"}
-
-
 # -- the done-means cases, value by value -----------------------------------------------------------------
 def test_post_ln_overflow_producer_first_nan_and_propagators(rules, tmp_path):
-    report, _ = run_fixture(FIXTURES / "NN102_1.py", 0, rules, tmp_path)
+    report, _ = fixture_report(FIXTURES / "NN102_1.py", 0, tmp_path)
     n = report.numerics
     assert (n.dtype, n.device, n.weights, n.error) == ("float16", "cuda" if torch.cuda.is_available() else "cpu",
                                                        "random", None)
@@ -111,7 +53,7 @@ def test_post_ln_overflow_producer_first_nan_and_propagators(rules, tmp_path):
 
 
 def test_eps_zero_constant_row_norm_is_producer(rules, tmp_path):
-    report, _ = run_fixture(FIXTURES / "NN102_2.py", 0, rules, tmp_path)
+    report, _ = fixture_report(FIXTURES / "NN102_2.py", 0, tmp_path)
     n = report.numerics
     assert n.producer.module == "zero_eps" and n.first_nan == "zero_eps"
     assert n.producer.cause == "a row with variance 0 and eps 0.0: 0/0 = NaN (a constant row, or all zeros)"
@@ -128,7 +70,7 @@ def test_eps_zero_constant_row_norm_is_producer(rules, tmp_path):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_correct_model_in_half_precision_is_silent_and_measured(dtype, rules, tmp_path):
     index = ["float16", "bfloat16"].index(dtype) * 5
-    report, _ = run_fixture(FIXTURES / "NN102_3.py", index, rules, tmp_path)
+    report, _ = fixture_report(FIXTURES / "NN102_3.py", index, tmp_path)
     n = report.numerics
     assert (n.producer, n.first_nan, n.propagator_count, n.error) == (None, None, 0, None)
     assert n.sites_measured == len(report.sites) == 7
@@ -158,7 +100,7 @@ def test_backward_probe_reports_nonfinite_gradients(rules):
 
 
 def test_static_bound_from_checkpoint_values(rules, tmp_path):
-    report, _ = run_fixture(FIXTURES / "NN105_1.py", 0, rules, tmp_path)
+    report, _ = fixture_report(FIXTURES / "NN105_1.py", 0, tmp_path)
     post, pre = site(report, "post_norm").numerics, site(report, "pre_norm").numerics
     assert (post.features, post.gain_absmax, post.bias_absmax, post.output_bound, post.bound_source) == (
         64, 9000.0, 0.0, 72000.0, "checkpoint")
@@ -182,7 +124,7 @@ def test_max_params_refuses_with_exit_2(capsys, monkeypatch):
 def test_json_report_carries_the_numerics_section(rules, tmp_path):
     from normaudit.render.text import render
 
-    report, _ = run_fixture(FIXTURES / "NN102_1.py", 0, rules, tmp_path)
+    report, _ = fixture_report(FIXTURES / "NN102_1.py", 0, tmp_path)
     data = json.loads(report.model_dump_json())
     assert data["numerics"]["producer"]["module"] == "blocks.1.proj"
     assert data["sites"][1]["numerics"]["role"] == "first_nan"
@@ -239,7 +181,7 @@ def test_minilm_float16_statistics_without_false_alarm(rules):
 def test_random_weights_keep_eps_dominated_rows_at_info(rules, tmp_path):
     """Gemma-2's post_feedforward_layernorm at initialisation: 25 of 32 rows below 10 * eps, yet only info
     without a checkpoint (the same share with checkpoint weights is a warning, NN104_1)."""
-    report, _ = run_fixture(FIXTURES / "NN104_3.py", 0, rules, tmp_path)
+    report, _ = fixture_report(FIXTURES / "NN104_3.py", 0, tmp_path)
     post = site(report, "post_norm").numerics
     assert (post.rows, post.eps_dominated_fraction, post.eps_dominated_below) == (32, 25 / 32, pytest.approx(1e-5))
     assert [(f.rule_id, f.severity) for f in report.findings if f.module == "post_norm"] == [("NN104", "info")]

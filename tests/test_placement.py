@@ -1,9 +1,7 @@
 """Placement analysis (normaudit.facts.placement) and the placement rules (rules/placement/NP1xx).
 
-- every fixture in tests/fixtures/placement/<ID>_<n>.py names the exact modules its rule must flag (true
-  positives, with severity) and must not flag (true negatives), plus the placements and model facts the
-  analysis must derive, and the source line (``file.py:line``) of findings listed under EXPECT["source"];
-  factories other than build_model() are listed under EXPECT["factories"];
+- the rules' fixtures (tests/fixtures/placement/<ID>_<n>.py, with the placements and model facts the analysis
+  must derive) are run by test_rule_fixtures.py;
 - both capture methods (fx symbolic tracing and torch.export) give the same placements wherever both work;
 - real code no one here wrote: torch.nn.TransformerEncoderLayer (norm_first False/True), nn.Transformer,
   and Hugging Face BertModel, GPT2Model, LlamaModel, T5Model, ViTModel (tiny configs on the meta device).
@@ -16,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import audit_file, audit_model, family_rules, load_fixture_module, site
+from conftest import audit_model, family_rules, load_fixture_module, site
 from normaudit.capture import capture_model
 from normaudit.vocabulary.graph import op_name
 from normaudit.engine.evaluator import evaluate
@@ -40,56 +38,8 @@ def placement_rules():
 _load = load_fixture_module
 
 
-def _cases():
-    out = []
-    for path in sorted(FIXTURES.glob("NP*_*.py")):
-        expect = _load(path).EXPECT
-        out.append(pytest.param(path, "build_model", expect, id=f"{path.stem}"))
-        for factory, sub in expect.get("factories", {}).items():
-            out.append(pytest.param(path, factory, dict(sub, rule=expect["rule"]), id=f"{path.stem}:{factory}"))
-    return out
-
-
 def _findings(report, rule_id):
     return {f.module: f for f in report.findings if f.rule_id == rule_id}
-
-
-def _check_model(report, expect):
-    for key, want in expect.get("model", {}).items():
-        assert getattr(report.model, key) == want, (key, report.model)
-    for module, want in expect.get("placement", {}).items():
-        assert site(report, module).placement == want, (module, [(s.module, s.placement) for s in report.sites])
-
-
-@pytest.mark.parametrize("path,factory,expect", _cases())
-def test_rule_fixture(path, factory, expect, placement_rules):
-    report = audit_file(f"{path}:{factory}", placement_rules)
-    got = _findings(report, expect["rule"])
-    assert {m: f.severity for m, f in got.items()} == expect["flagged"], [(f.module, f.message) for f in got.values()]
-    for module in expect.get("not_flagged", []):
-        assert module not in got
-    for text in expect.get("message_has", []):
-        assert any(text in f.message for f in got.values()), (text, [f.message for f in got.values()])
-    for other in expect.get("also_silent", []):
-        assert not _findings(report, other)
-    for f in got.values():
-        assert f.category == "placement" and f.fix
-    for module, want in expect.get("source", {}).items():  # the finding's line: "file.py:line"
-        where = got[module].source
-        assert where is not None and f"{Path(where.file).name}:{where.line}" == want, (module, where)
-    _check_model(report, expect)
-
-
-def _every_rule_has_both_fixtures():
-    positives, negatives = set(), set()
-    for path, factory, expect in (p.values for p in _cases()):
-        (positives if expect["flagged"] else negatives).add(expect["rule"])
-    return positives, negatives
-
-
-def test_every_placement_rule_has_true_positive_and_true_negative(placement_rules):
-    positives, negatives = _every_rule_has_both_fixtures()
-    assert set(placement_rules) == positives == negatives
 
 
 # -- both capture methods --------------------------------------------------------------------------------

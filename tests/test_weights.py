@@ -1,8 +1,9 @@
 """Checkpoint weights mapped onto a model's sites (normaudit.facts.weights) and the checkpoint rules
 (rules/checkpoint/NC1xx); model directories with weights (the real all-MiniLM-L6-v2 checkpoint).
 
-Every fixture tests/fixtures/checkpoint/<ID>_<n>.py writes its checkpoint with ``make_checkpoint(model, path)``
-and names the exact modules its rule must flag (with severity) and must not flag.
+The rules' fixtures (tests/fixtures/checkpoint/<ID>_<n>.py, each writing its checkpoint with
+``make_checkpoint(model, path)``) are run by test_rule_fixtures.py; the tests here audit some of them again for
+the facts behind the findings.
 """
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from conftest import audit_file, audit_model, family_rules, site
+from conftest import audit_file, audit_model, family_rules, load_fixture_module, site
 from normaudit.capture import capture_model
 from normaudit.engine.loader import load_rules
 from normaudit.facts.sites import discover_sites
 from normaudit.facts.weights import param_roles, site_param_names
 from normaudit.render.text import render as render_text
 from normaudit.loaders.checkpoint import open_checkpoint
-from test_eps import audit_fixture, check_fixture, fixture_params, load_fixture
+from test_rule_fixtures import audit_fixture
 
 FIXTURES = Path(__file__).parent / "fixtures" / "checkpoint"
 
@@ -30,28 +31,6 @@ FIXTURES = Path(__file__).parent / "fixtures" / "checkpoint"
 def ckpt_rules():
     """Only the checkpoint rules: these tests must not depend on other families' rules."""
     return family_rules("checkpoint")
-
-
-@pytest.mark.parametrize("path", fixture_params(FIXTURES, "NC"))
-def test_rule_fixture(path, ckpt_rules, tmp_path):
-    report, expect = audit_fixture(path, ckpt_rules, tmp_path)
-    check_fixture(report, expect, "checkpoint")
-    for module in expect["flagged"]:
-        assert site(report, module).weights is not None
-    if "gain_form" in expect:
-        for s in report.sites:
-            form = s.formula.gain if s.formula is not None and s.formula.gain else s.extra.get("gain_form")
-            assert form == expect["gain_form"], (s.module, form)
-    for module, keys in expect.get("keys", {}).items():
-        assert site(report, module).weights.keys == keys
-
-
-def test_every_checkpoint_rule_has_true_positive_and_true_negative(ckpt_rules):
-    positives, negatives = set(), set()
-    for param in fixture_params(FIXTURES, "NC"):
-        expect = load_fixture(param.values[0]).EXPECT
-        (positives if expect["flagged"] else negatives).add(expect["rule"])
-    assert set(ckpt_rules) == positives == negatives
 
 
 # -- facts ------------------------------------------------------------------------------------------------
@@ -120,7 +99,7 @@ def test_legacy_gamma_beta_only_for_transformers_models(library, ckpt_rules, tmp
 
 @pytest.mark.parametrize("method", ["symbolic_trace", "export"])
 def test_gain_form_fallback_from_the_graph(method):
-    m = load_fixture(FIXTURES / "ckpt_models.py")
+    m = load_fixture_module(FIXTURES / "ckpt_models.py")
     x = (torch.randn(2, 3, 8),)
     for norm_cls, form in ((m.GemmaRMSNorm, "one_plus_weight"), (m.RMSNorm, "weight")):
         model = nn.Sequential(nn.Linear(8, 8), norm_cls(8))
