@@ -38,7 +38,7 @@ def test_batch_of_one_error_quotes_pytorch(my_rules):
 
 
 @pytest.mark.skipif(not (CASES / "N27_bn_batch1").is_dir(), reason="tests/data/cases not found")
-def test_n27_case(my_rules):
+def test_batchnorm1d_trained_one_example_at_a_time_is_only_nb101(my_rules):
     r = audit_file(CASES / "N27_bn_batch1" / "model.py", my_rules)
     assert [(f.rule_id, f.module, f.severity) for f in r.findings] == [("NB101", "1", "error")]
 

@@ -1,6 +1,6 @@
-"""Issue 10 section 3, NE101 against a library's config, the timm case: the configuration a timm model keeps
-is a library's, like transformers' ``PretrainedConfig`` (tests/fixtures/eps/NE101_7.py, NE101_8.py) and diffusers'
-``ConfigMixin`` (tests/test_eps_config.py::test_diffusers_style_config_property_is_a_library_config) already are.
+"""NE101 against a library's config, the timm case: the configuration a timm model keeps is a library's, like
+transformers' ``PretrainedConfig`` (tests/fixtures/eps/NE101_7.py, NE101_8.py) and diffusers' ``ConfigMixin``
+(tests/test_eps_config.py::test_diffusers_style_config_property_is_a_library_config) already are.
 
 timm builds its ViT norms with ``norm_layer=partial(nn.LayerNorm, eps=1e-6)`` and keeps ``pretrained_cfg``
 (input size, mean/std, crop: timm/models/_builder.py ``model.pretrained_cfg = pretrained_cfg``), which names

@@ -1,8 +1,9 @@
 """The root module (module path "") has one name in every output format: ``(root)``.
 
 An unused suppression (NK901) or another finding about the model as a whole has module "": text, concise and
-github annotations called it ``<root>`` while markdown and SARIF said ``(root)`` (a new user's run of a model
-with a stale ``# normaudit: ignore[NE101]`` comment printed ``models/half.py:22:1: NK901 [info] <root>: ...``).
+github annotations called it ``<root>`` while markdown and SARIF said ``(root)``, so one finding had two names
+(a stale ``# normaudit: ignore[NE101]`` comment gave ``models/half.py:22:1: NK901 [info] <root>: ...`` in
+concise output and ``(root)`` in SARIF).
 """
 from __future__ import annotations
 
