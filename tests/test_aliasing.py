@@ -1,6 +1,6 @@
-"""In-place norms that overwrite the caller's tensor (normaudit.facts.aliasing, rule NP108; issue 15 item 2).
+"""In-place norms that overwrite the caller's tensor (normaudit.facts.aliasing, rule NP108).
 
-The fixtures tests/fixtures/placement/NP108_*.py are run by tests/test_placement.py; here: that the bug is real
+The fixtures tests/fixtures/placement/NP108_*.py are run by tests/test_rule_fixtures.py; here: that the bug is real
 (eager float32 differs from the out-of-place norm, bfloat16 does not), the exact fact, the dtype dependence,
 that threading in-place reads leaves the graph's result unchanged, and the other in-place spellings.
 """
@@ -29,7 +29,7 @@ def _np108(report):
 
 
 class OutOfPlaceRMSNorm(nn.Module):
-    """nano-vllm's RMSNorm with ``x = x * rsqrt(...)`` instead of ``x.mul_(...)`` (the fix of its issue #170)."""
+    """nano-vllm's RMSNorm with ``x = x * rsqrt(...)`` instead of ``x.mul_(...)`` (GeeeekExplorer/nano-vllm PR #171)."""
 
     def forward(self, x):
         orig_dtype = x.dtype

@@ -1,4 +1,4 @@
-"""Capture of forwards that read integer buffers as sizes (issue 10, tracing failures): EnCodec's, Mimi's,
+"""Capture of forwards that read integer buffers as sizes: EnCodec's, Mimi's,
 WavTokenizer's and Pocket-TTS's causal convolutions keep ``stride``, ``kernel_size`` and ``padding_total``
 as non-persistent int64 buffers and pad by them (``F.pad(x, (self.padding_total, extra))``,
 ``modeling_encodec.py`` ``EncodecConv1d``). Built on the meta device those buffers have no values, and

@@ -1,4 +1,4 @@
-"""Capture of forwards that turn integer inputs into Python numbers (issue 10): split sizes from a lengths
+"""Capture of forwards that turn integer inputs into Python numbers: split sizes from a lengths
 input, a grid of patches per image. Export on fake tensors gives such values unbacked symbols and fails on a
 data-dependent guard; the retry passes the real integer inputs as constants."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Capture of forwards whose sizes are computed from integer inputs (issue 10, tracing failures): a
+"""Capture of forwards whose sizes are computed from integer inputs: a
 vision tower's ``cu_seqlens`` from ``grid_thw`` (``repeat_interleave``, ``cumsum``, ``.tolist()`` split
 sizes), window indices from ``torch.arange`` mixed with the grid, a ``torch.distributions`` argument check on
 the values of an activation, and a model whose training-mode forward refuses to run without labels, so

@@ -1,5 +1,5 @@
 """Export retried with integer factories as constants after a data-dependent failure, for a model with no
-integer inputs or buffers to pass as constants (issue 10 coverage): PE-AV's encoder compares a length vector
+integer inputs or buffers to pass as constants: PE-AV's encoder compares a length vector
 made by ``x.new_ones(B, dtype=torch.long)`` with a size (``modeling_pe_audio_video.py:182-193``), a branch
 on values that fake tensors alone cannot take."""
 from __future__ import annotations

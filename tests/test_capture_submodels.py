@@ -1,4 +1,4 @@
-"""Sub-models captured alone on inputs built for them (issue 10, coverage): a model whose own forward cannot run
+"""Sub-models captured alone on inputs built for them: a model whose own forward cannot run
 (no forward at all, one that wants an inference session) made of Hugging Face models of their own (a ``config``
 and a ``main_input_name``), and a tower a whole-model graph never called whose inputs a meta forward decides."""
 from __future__ import annotations

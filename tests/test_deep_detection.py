@@ -1,7 +1,7 @@
 """Deeper detection: the facts behind the norm bugs public bug reports found and normaudit missed.
 
 Each class has its facts asserted here on small in-memory models (exact modules and values); the rules over
-them are checked against their fixtures by the family tests (tests/fixtures/<family>/<ID>_<n>.py).
+them are checked against their fixtures (tests/fixtures/<family>/<ID>_<n>.py) by tests/test_rule_fixtures.py.
 
 - the eps an ``eps=None`` RMSNorm really uses, in ``site.eps`` (torch.nn.RMSNorm docs);
 - norm modules registered but never applied (``model.unused_norms``);

@@ -1,4 +1,4 @@
-"""Depth-independent capture (normaudit.capture.repeats, issue 14 item 1): the report of the reduced capture
+"""Depth-independent capture (normaudit.capture.repeats): the report of the reduced capture
 (each stack of identical blocks captured as four blocks, the facts carried over) is the report of the full
 capture, apart from timing and capture-method fields, on every model of the suite: the fixtures, the
 reference cases and the transformers tiny configs of test_hf_models (deepened so they have a stack).

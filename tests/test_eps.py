@@ -144,7 +144,7 @@ def test_xclip_temperature_before_einsum_is_no_site(eps_rules):
     """transformers XCLIPModel (modeling_x_clip.py:1118-1123) normalises its embeddings with
     ``x / x.norm(p=2, dim=-1, keepdim=True)`` (no eps) and multiplies the temperature into one factor before
     ``einsum("bd,bkd->bk", video, logit_scale * text)``: the same cosine logits as CLIP's, so no site on the top
-    module and no NE103 (it was an error in the zoo sweep, issue 10); the towers' LayerNorms keep eps 1e-5."""
+    module and no NE103 (it was an error in the zoo sweep); the towers' LayerNorms keep eps 1e-5."""
     transformers = pytest.importorskip("transformers")
     from conftest import audit_model
 

@@ -1,6 +1,6 @@
 """Where the model keeps its configuration (normaudit.loaders.config.model_configs), which configs are a
 library's, what a norm's constructor call passes as eps (normaudit.facts.constructor), and the eps rules on
-real library models (issue 11 item 2; issue 10 NE101, NE102). Rule fixtures are in tests/fixtures/eps/."""
+real library models (NE101, NE102). Rule fixtures are in tests/fixtures/eps/."""
 from __future__ import annotations
 
 import argparse
@@ -82,7 +82,7 @@ def test_model_config_found_wherever_it_is_kept(name):
 
 @pytest.mark.parametrize("name", sorted(STORAGE))
 def test_the_norm_agreeing_with_the_config_is_never_told_to_change(name, eps_rules):
-    """Issue 11 item 2: the four block norms (1e-6) disagree with norm_eps=1e-5 and are flagged against it; the
+    """The four block norms (1e-6) disagree with norm_eps=1e-5 and are flagged against it; the
     final norm (norm_eps) agrees with the config and gets nothing, although all its peers disagree with it."""
     attr, make = STORAGE[name]
     r = audit_model(llama_with(attr, make()), models.features(), rules=eps_rules)

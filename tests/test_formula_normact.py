@@ -1,6 +1,6 @@
 """The formula probe reads the norm's own output in a norm-plus-activation module (timm's NormAct layers:
 ``LayerNormAct2d``, ``RmsNormAct2d``: ``x = self.act(self.drop(norm(x)))``, channels-first): the probe copy's
-activation and dropout children are identities, so the formula is confirmed (issue 10 §4). A child that
+activation and dropout children are identities, so the formula is confirmed. A child that
 runs before the norm is kept."""
 from __future__ import annotations
 

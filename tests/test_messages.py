@@ -1,4 +1,4 @@
-"""Right message, right line, right scope (issue 11, items 4, 5, 6 and 10).
+"""Right message, right line, right scope.
 
 - messages describe hand-written norms by what they compute and quote constructor arguments only for
   torch.nn modules; formula findings point at the line in ``forward`` that computes the statistic;
@@ -53,7 +53,7 @@ def line_of(path: Path, text: str) -> int:
     return hits[0]
 
 
-# ------------------------------------------------------------------------------------ item 5: --input-axes
+# ------------------------------------------------------------------------------------ --input-axes
 @pytest.mark.parametrize("axes, expected", [
     ("B,C,H", "--input-axes B,C,H has 3 axes but the model's first input has rank 4 (shape [2, 3, 64, 64])"),
     ("B,C,H,W,D", "--input-axes B,C,H,W,D has 5 axes but the model's first input has rank 4 (shape [2, 3, 64, 64])"),
@@ -75,7 +75,7 @@ def test_input_axes_of_the_right_rank_label_the_input(capsys, tmp_path):
     assert {s["module"]: s["normalized_axes"] for s in doc["sites"]}["features.1"] == ["batch", "width", "height"]
 
 
-# ------------------------------------------------------------------- item 6: suppressions in a container
+# ------------------------------------------------------------------- suppressions in a container
 def test_a_suppression_on_the_last_line_of_a_sequential_covers_only_the_module_built_there(capsys, tmp_path):
     path = copy_fixture("cnn_suppress.py", tmp_path)
     rc, out, err = run(capsys, path, "--batch-size", "1", "--isolated", "--format", "json")
@@ -138,7 +138,7 @@ def test_a_container_s_closing_line_does_not_cover_its_first_line_but_a_call_s_d
     assert [s.line for s in idx.covering(18)] == [19]  # a multi-line call that is not a container
 
 
-# ------------------------------------------------------------------------ item 10: untrusted strings
+# ------------------------------------------------------------------------ untrusted strings
 HOSTILE = {"layers.0.input_layernorm\x1b]0;pwn\x07.weight": 0.0, "layers.0.ln\n::error ::x.weight": 0.0,
            "layers.1.ln\u202e.weight": 1.0, "::error file=a::pwn.norm.weight": 0.0}
 
@@ -218,7 +218,7 @@ def test_github_escapes_per_the_runner_rules():
     assert escape_data("t\x1b]0;x\x07") == "t\\x1b]0;x\\x07"
 
 
-# ------------------------------------------------------------- item 4: descriptions, lines, grouping
+# ------------------------------------------------------------- descriptions, lines, grouping
 DEEP = FIXTURES / "deep_handwritten.py"
 
 

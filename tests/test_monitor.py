@@ -1,4 +1,4 @@
-"""normaudit.monitor(): the layer and the step where inf/NaN first appears in a training loop (issue 13)."""
+"""normaudit.monitor(): the layer and the step where inf/NaN first appears in a training loop."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""The numerics chart of the Markdown report (normaudit.render.numerics_chart, issue 13): per norm site in depth
+"""The numerics chart of the Markdown report (normaudit.render.numerics_chart): per norm site in depth
 order the input statistic against eps and 10*eps and the output abs-max against the dtype's max, the first
 non-finite site marked. Runs the real probe on the post-LN float16 overflow fixture (NN102_1: blocks.1.proj
 overflows, blocks.1.norm is where the first NaN appears) and on the same model in bfloat16 (all finite)."""

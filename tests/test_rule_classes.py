@@ -1,5 +1,5 @@
-"""Rules evaluated once per class of sites equal in every fact the rule reads (normaudit.engine.evaluator,
-issue 14): the facts a rule reads (``site_reads``), and findings identical to evaluating every site alone."""
+"""Rules evaluated once per class of sites equal in every fact the rule reads (normaudit.engine.evaluator):
+the facts a rule reads (``site_reads``), and findings identical to evaluating every site alone."""
 from __future__ import annotations
 
 import ast

@@ -130,7 +130,7 @@ def test_show_settings_lists_flags_that_are_no_settings_keys(capsys, tmp_path, m
         ["checkpoint", "=", '"w.safetensors"', "#", "--checkpoint", "(command", "line", "only)"],
         ["probe", "=", '["batch",', '"size"]', "#", "--probe", "(command", "line", "only)"],
         ["max-params", "=", "1000", "#", "--max-params", "(command", "line", "only)"]]
-    assert ["jobs", "=", "2", "#", "--jobs"] in [ln.split() for ln in out]  # a settings key since issue 14
+    assert ["jobs", "=", "2", "#", "--jobs"] in [ln.split() for ln in out]  # a settings key
     assert main(["--show-settings", "--isolated"]) == 0
     assert "command line only" not in capsys.readouterr().out
 

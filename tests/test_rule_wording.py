@@ -1,4 +1,5 @@
-"""Exact wording of rule messages and fixes in edge cases (a new user's test, issue 12 follow-up)."""
+"""Exact wording of rule messages and fixes in edge cases: what they say must stay true when a measured value
+is degenerate (NN104's fix when the median variance is 0)."""
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,6 @@
 """The zoo sweep's config shrink (benchmarks/zoo/targets.py): keys derived from others keep their relation,
-and a shrink whose sizes no longer fit each other is caught by a forward on the meta device (issue 10: such
-rows were the sweep's failures, measured as normaudit's)."""
+and a shrink whose sizes no longer fit each other is caught by a forward on the meta device (such
+rows were the sweep's failures, counted as normaudit's)."""
 from __future__ import annotations
 
 import sys

@@ -1,5 +1,5 @@
 """The zoo sweep's shrink (benchmarks/zoo/targets.py): widths of embeddings concatenated into the model width
-keep making it up (issue 10, coverage). LayoutLMv3 concatenates 4 box-coordinate embeddings of
+keep making it up. LayoutLMv3 concatenates 4 box-coordinate embeddings of
 ``coordinate_size`` and 2 of ``shape_size`` (4 x 128 + 2 x 128 = hidden 768); left at 128 beside hidden 64,
 its text forward failed on 768 vs 64 and the sweep's layoutlmv3 had no graph (NK101)."""
 from __future__ import annotations

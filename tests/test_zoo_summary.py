@@ -1,4 +1,4 @@
-"""benchmarks/zoo/summary.py's coverage of a target no real forward ran for (issue 10): a capture by parts
+"""benchmarks/zoo/summary.py's coverage of a target no real forward ran for: a capture by parts
 counts as covering every norm when each norm module of the model is a graph site of some part."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The zoo sweep's summary (benchmarks/zoo/summary.py) on a hand-made results.jsonl: the closing note's table
-per corpus (issue 10: targets, built, audited, % captured, % covering every norm, % clean, recall, crashes,
+per corpus (targets, built, audited, % captured, % covering every norm, % clean, recall, crashes,
 timeouts, median/max time) and the warning/error findings by rule with the models named."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The zoo sweep's ground truth (benchmarks/zoo/forward.py) and its comparison with the sites
-(benchmarks/zoo/summary.py), issue 10 section 4: which modules are norm modules (class names with the
+(benchmarks/zoo/summary.py): which modules are norm modules (class names with the
 model's own name removed, the head noun after the last "Norm"; a named norm must compute a statistic), the
 inputs normaudit itself builds as one input set (on a meta twin, as the command builds them), towers run
 alone, and sites in modules that are no norm module counted apart."""
