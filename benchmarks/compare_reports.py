@@ -65,15 +65,73 @@ def _drop(value: Any, path: list[str]) -> None:
 
 #: fields to remove before comparing (``--drop``): those a change adds on purpose
 DROPS: list[list[str]] = []
+#: ``--legacy-extra``: compare in the form of reports that kept their facts as untyped ``extra`` keys
+LEGACY = {"on": False}
+#: typed site fields and the ``extra`` key each replaced (``stream.*`` and ``batchnorm.*`` keep their names)
+_SITE_FIELDS = ("eps_default", "eps_default_dtype", "inline", "cumulative_dim", "captured_part", "kind_guessed",
+                "kind_basis")
+#: fields reports of typed facts added without an ``extra`` key before them
+_ADDED = (["model", "stream_end"], ["numerics", "producer", "cause_kind"], ["numerics", "before", "*", "cause_kind"])
+
+
+def _kept(facts: dict) -> dict:
+    """The facts whose value says something: None, False and empty lists were absent keys before."""
+    return {k: v for k, v in facts.items() if v is not None and v is not False and v != []}
+
+
+def _legacy_site(site: dict) -> None:
+    """A site's typed facts back under ``extra`` as the untyped keys they replaced (:data:`_SITE_FIELDS`,
+    ``stream``, ``batchnorm`` (its ``momentum`` too), ``lrn``; ``gain_form`` only where the formula does not
+    give the gain, as before), values that say nothing dropped on both sides."""
+    extra = dict(site.get("extra") or {})
+    for key in _SITE_FIELDS:
+        if key in site:
+            extra[key] = site.pop(key)
+    for family in ("stream", "batchnorm"):
+        extra.update(site.pop(family, None) or {})
+    lrn = site.pop("lrn", None)
+    if lrn:
+        extra.update(lrn)
+    form = site.pop("gain_form", None)
+    gain = (site.get("formula") or {}).get("gain")
+    if gain in (None, "unknown") or "gain_form" in extra:
+        extra.setdefault("gain_form", form)
+    site["extra"] = _kept(extra)
+
+
+def _legacy(data: dict) -> None:
+    """A report in the form of untyped ``extra`` keys (:func:`_legacy_site`, the model's GroupNorm config and
+    causal attention), whichever form it has."""
+    for path in _ADDED:
+        _drop(data, list(path))
+    for site in data.get("sites") or []:
+        _legacy_site(site)
+    model = data.get("model") or {}
+    extra = dict(model.get("extra") or {})
+    for key in ("groupnorm_config", "causal_attention"):
+        if key in model:
+            extra[key] = model.pop(key)
+    model["extra"] = _kept(extra)
+
+
+#: ``--blank-test-lines``: line numbers in the test files themselves (models defined in a test), which move
+#: when a test file is edited; fixture files keep theirs
+_TEST_LINE = re.compile(r'("file": "<repo>/tests/test_[^"/]*\.py",\s*"line": )\d+')
+_TEST_AT = re.compile(r"(test_\w+\.py:)\d+")
+BLANK_TEST_LINES = {"on": False}
 
 
 def _pretty(text: str) -> str:
+    if BLANK_TEST_LINES["on"]:
+        text = _TEST_AT.sub(r"\1?", _TEST_LINE.sub(r"\g<1>0", text))
     try:
         data = json.loads(text)
     except ValueError:
         return text
     for path in DROPS:
         _drop(data, path)
+    if LEGACY["on"] and isinstance(data, dict):
+        _legacy(data)
     return json.dumps(data, indent=1, sort_keys=True)
 
 
@@ -125,8 +183,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drop", action="append", default=[], metavar="FIELD",
                         help="a dotted field to remove from both sides first (a field added on purpose), "
                              "'*' for every list item or dict value: model.stream_end, sites.*.extra.inline")
+    parser.add_argument("--legacy-extra", action="store_true",
+                        help="compare with reports that held their facts as untyped extra keys: the typed fields "
+                             "are mapped back to those keys on both sides")
+    parser.add_argument("--blank-test-lines", action="store_true",
+                        help="blank line numbers inside tests/test_*.py (models a test defines move with its edits)")
     args = parser.parse_args(argv)
+    BLANK_TEST_LINES["on"] = args.blank_test_lines
     DROPS[:] = [d.split(".") for d in args.drop]
+    LEGACY["on"] = args.legacy_extra
     a, b = load(args.before), load(args.after)
     counts, pairs = compare(a, b)
     reports = (sum(map(len, a.values())), sum(map(len, b.values())))

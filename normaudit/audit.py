@@ -385,7 +385,7 @@ def checkpoint_only_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict
         num_parameters = sum(math.prod(ckpt.shape(k)) for k in ckpt.keys())
         fmt, weights_path, tensors = ckpt.format, ckpt.weights_path, len(ckpt)
     for s in sites:
-        s.extra["gain_form"] = "unknown"
+        s.gain_form = "unknown"
     model = ModelFacts(class_name="checkpoint only", num_parameters=num_parameters, config_source=config_source)
     options = {"dtype": opts.dtype, "batch_size": opts.batch_size, "checkpoint": True, "capture_method": "none",
                "train_error": None, "probes": [], "config_origin": "checkpoint" if config else None,

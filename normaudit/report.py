@@ -372,6 +372,106 @@ class FreezeFacts(_Model):
     train_override: list[str] = Field(default_factory=list)
 
 
+class LrnArgs(_Model):
+    """The constructor arguments of a torch.nn ``LocalResponseNorm`` (PyTorch docs:
+    ``b_c = a_c * (k + alpha / n * sum(a_c'^2)) ** -beta`` over ``size`` neighbouring channels)."""
+
+    size: int
+    alpha: float
+    beta: float
+    k: float
+
+
+class AliasReader(_Model):
+    """A later reader of a tensor a norm overwrote in place: its ``module`` (``""`` the root), ``op`` (``the
+    model's output`` for the output) and ``source`` line."""
+
+    module: str
+    op: str
+    source: Optional[SourceLocation] = None
+
+
+class InplaceAlias(_Model):
+    """A norm that overwrites, in place, a tensor read elsewhere afterwards (``normaudit.facts.aliasing``):
+    ``op`` the in-place op (``add_``, ``mul(out=)``), ``source`` its line, ``mutated`` the graph name of the
+    tensor overwritten, ``consumers`` its later readers, ``caller_input`` the model input overwritten for the
+    caller (None: a tensor of the model's own), ``casts`` the casts between the input and the op that copy
+    nothing and ``alias_dtypes`` the input dtypes for which they copy nothing."""
+
+    op: str
+    source: Optional[SourceLocation] = None
+    mutated: str
+    consumers: list[AliasReader] = Field(default_factory=list)
+    caller_input: Optional[str] = None
+    casts: list[str] = Field(default_factory=list)
+    alias_dtypes: list[str] = Field(default_factory=list)
+
+
+class StreamFacts(_Model):
+    """A site's place on the residual stream, beyond its ``placement`` (``normaudit.facts.placement``;
+    Xiong et al. 2020, arXiv 2002.04745 for pre-LN and post-LN).
+
+    ``branch_position``: where in a residual branch the norm sits (``input``: it reads the stream, ``output``:
+    it closes the branch before the add, ``inner``: deeper inside); ``skip_from_norm``: the skip path of a
+    residual add starts at this norm's output, so the un-normalised stream is lost, and ``no_identity_lost``:
+    that skip is no identity anyway (a projection); ``contracted_by_scores``: a q/k norm whose output is
+    contracted by attention scores over the axes it normalises; ``feeds_norm``/``reads_norm``: the norm that is
+    the only consumer of / only input to this one (nothing but casts and views between); ``majority_placement``
+    and ``majority_blocks``: the role of the same norm in a strict majority of the blocks of the same class
+    (when this one differs: ``post``, ``final`` and ``embedding`` are one role, the stream norm);
+    ``unnormed_stream_end``: in the branch of a stack's last residual add whose stream reaches the output without
+    a norm, the module it reaches (``output``: the model output), with ``stream_end_conv`` when that module is a
+    convolution computing the output from the stream and ``stack_blocks`` the blocks of its stack;
+    ``inplace_alias``: the tensor it overwrites in place (``normaudit.facts.aliasing``)."""
+
+    branch_position: Optional[Literal["input", "output", "inner"]] = None
+    skip_from_norm: bool = False
+    no_identity_lost: bool = False
+    contracted_by_scores: bool = False
+    feeds_norm: Optional[str] = None
+    reads_norm: Optional[str] = None
+    majority_placement: Optional[Placement] = None
+    majority_blocks: list[str] = Field(default_factory=list)
+    unnormed_stream_end: Optional[str] = None
+    stream_end_conv: bool = False
+    stack_blocks: Optional[int] = None
+    inplace_alias: Optional[InplaceAlias] = None
+
+
+class BatchNormFacts(_Model):
+    """What a BatchNorm site does with its batch (``normaudit.facts.batchnorm``; Ioffe & Szegedy 2015, arXiv
+    1502.03167; PyTorch ``nn.BatchNorm*d`` docs).
+
+    ``momentum``: the running averages' momentum of a torch.nn BatchNorm (None: a cumulative average, or not
+    a torch.nn module); ``calls_per_forward``: how often its module runs in one forward (a recurrent loop or a
+    shared module: above 1); ``values_per_channel``: the values each channel's statistics are taken over in
+    training at the audited micro-batch; ``train_error``: what PyTorch raises in training with one value per
+    channel; over a sequence: ``padding_input`` the model input that looks like a padding mask or lengths,
+    ``conv_input`` / ``conv_sibling`` the convolution whose output it normalises or which reads the same tensor,
+    ``model_input`` the model input it normalises directly (None where there is none)."""
+
+    momentum: Optional[float] = None
+    calls_per_forward: Optional[int] = None
+    values_per_channel: Optional[int] = None
+    train_error: Optional[str] = None
+    padding_input: Optional[str] = None
+    conv_input: Optional[str] = None
+    conv_sibling: Optional[str] = None
+    model_input: Optional[str] = None
+
+
+class GroupNormProblem(_Model):
+    """A GroupNorm group count of the configuration that does not divide channel counts it declares
+    (``normaudit.facts.batchnorm.groupnorm_config_problems``): ``groups_key`` = ``groups``, the channel key (a
+    product of two keys is written ``a*b``) and its ``channels``, of which ``bad`` are not multiples."""
+
+    groups_key: str
+    groups: int
+    channels_key: str
+    channels: list[int] = Field(default_factory=list)
+    bad: list[int] = Field(default_factory=list)
+
+
 class Site(_Model):
     """One normalisation computation found in the model.
 
@@ -430,6 +530,27 @@ class Site(_Model):
     batch_probe: Optional[BatchProbe] = None
     #: ``--probe numerics`` measurements and the static output bound (:class:`SiteNumerics`)
     numerics: Optional[SiteNumerics] = None
+    #: torch.nn RMSNorm built with ``eps=None``: where its eps comes from (``torch.finfo(input dtype).eps``) and
+    #: the dtype it was resolved in (``site.eps`` holds the value)
+    eps_default: Optional[str] = None
+    eps_default_dtype: Optional[str] = None
+    #: torch.nn LocalResponseNorm: its constructor arguments
+    lrn: Optional[LrnArgs] = None
+    #: a hand-written norm computed inline in a larger module's forward (not a module that is only a norm)
+    inline: bool = False
+    #: a cumulative norm (statistics of steps 0..t): the dim it accumulates along
+    cumulative_dim: Optional[int] = None
+    #: the part captured alone that this site comes from (``normaudit.pipeline.parts``)
+    captured_part: Optional[str] = None
+    #: the gain form the site applies (``normaudit.facts.weights``): the formula's gain where the formula pass
+    #: knows it, else read from how the graph uses the site's parameters; ``unknown`` for a checkpoint alone
+    gain_form: Optional[Literal["weight", "one_plus_weight", "none", "unknown"]] = None
+    #: a checkpoint alone: the kind is a guess from the keys (``kind_basis`` says which keys)
+    kind_guessed: bool = False
+    kind_basis: Optional[str] = None
+    stream: StreamFacts = Field(default_factory=StreamFacts)
+    batchnorm: BatchNormFacts = Field(default_factory=BatchNormFacts)
+    #: free-form facts of passes outside normaudit (a user's own pass); normaudit's own facts are typed fields
     extra: dict[str, Any] = Field(default_factory=dict)
 
     def describe(self) -> str:
@@ -448,7 +569,7 @@ class Site(_Model):
         if self.detected_by == "functional":
             return f"F.{self.op or self.kind.lower()} in `{self.class_name}` ({what})"
         if self.detected_by == "pattern":
-            where = "in " if self.extra.get("inline") else ""
+            where = "in " if self.inline else ""
             return f"hand-written {self.kind} {where}`{self.class_name}` ({what})"
         if self.detected_by == "module":
             return f"`{self.class_name}` (a torch.nn {self.kind} subclass: {what})"
@@ -464,7 +585,7 @@ def _constructor_args(site: Site) -> str:
     if kind in ("LayerNorm", "RMSNorm"):
         if site.normalized_shape is not None:
             args.append(f"normalized_shape={site.normalized_shape}")
-        if site.eps is not None and "eps_default" not in site.extra:
+        if site.eps is not None and site.eps_default is None:
             args.append(f"eps={site.eps:g}")
         if site.affine_weight is False:
             args.append("elementwise_affine=False")
@@ -477,8 +598,8 @@ def _constructor_args(site: Site) -> str:
             args.append(f"num_features={site.num_channels}")
         if site.eps is not None:
             args.append(f"eps={site.eps:g}")
-    elif kind == "LocalResponseNorm" and "size" in site.extra:
-        args.append(f"size={site.extra['size']}")
+    elif kind == "LocalResponseNorm" and site.lrn is not None:
+        args.append(f"size={site.lrn.size}")
     return ", ".join(args)
 
 
@@ -574,8 +695,13 @@ class ModelFacts(_Model):
     unused_norms: list[UnusedNorm] = Field(default_factory=list)
     #: a pre-LN stream that leaves the stack un-normalised (``normaudit.facts.stream_end``), None where none does
     stream_end: Optional[StreamEnd] = None
-    #: model-level facts of individual passes (e.g. ``groupnorm_config``: GroupNorm groups that do not divide
-    #: the channel counts the configuration declares)
+    #: GroupNorm group counts of the configuration that do not divide the channels it declares
+    #: (``normaudit.facts.batchnorm``)
+    groupnorm_config: list[GroupNormProblem] = Field(default_factory=list)
+    #: the causal attention op of the graph (a causal mask or ``is_causal``), found when a BatchNorm normalises
+    #: over a sequence (``normaudit.facts.batchnorm``); None where none was looked for or found
+    causal_attention: Optional[str] = None
+    #: free-form model-level facts of passes outside normaudit; normaudit's own facts are typed fields
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -612,7 +738,7 @@ class CaptureInfo(_Model):
     """How the model was captured: the method that ran, what failed before it, and coverage.
 
     ``parts``: when the whole model could not be captured, the submodules captured alone (their sites carry
-    ``extra["captured_part"]``); ``unaudited``: the norm modules no capture reached.
+    ``captured_part``); ``unaudited``: the norm modules no capture reached.
     """
 
     #: ``parts``: the whole model could not be captured, but every norm module lies in a part captured alone

@@ -60,19 +60,19 @@ def test_the_aliasing_is_real_in_float32_only():
 
 def test_fact_names_op_line_readers_and_dtypes(placement_rules):
     report = audit_file(FIXTURES / "NP108_1.py", placement_rules)
-    fact = site(report, "layers.0.post_attention_layernorm").extra["inplace_alias"]
+    fact = site(report, "layers.0.post_attention_layernorm").stream.inplace_alias.model_dump()
     path = str(FIXTURES / "NP108_1.py")
     assert fact == {"op": "mul_", "source": {"file": path, "line": 19}, "mutated": "add_1",
                     "consumers": [{"module": "layers.0", "op": "add", "source": {"file": path, "line": 40}}],
                     "caller_input": None, "casts": ["float"], "alias_dtypes": ["float32"]}
-    assert "inplace_alias" not in site(report, "norm").extra  # the last reader: nothing reads it afterwards
+    assert site(report, "norm").stream.inplace_alias is None  # the last reader: nothing reads it afterwards
     assert _np108(report)["layers.0.input_layernorm"].source.line == 18  # the statistic's line
 
 
 def test_bfloat16_model_has_no_alias(placement_rules):
     report = audit_file(FIXTURES / "NP108_1.py", placement_rules, dtype="bfloat16")
     assert not _np108(report)
-    assert all("inplace_alias" not in s.extra for s in report.sites)
+    assert all(s.stream.inplace_alias is None for s in report.sites)
     assert report.model.placement == "pre" and site(report, "layers.1.input_layernorm").placement == "pre"
 
 
@@ -111,7 +111,7 @@ class _Residual(nn.Module):
 @pytest.mark.parametrize("how,op", [("view", "mul_"), ("out", "mul(out=)"), ("imul", "x *= r")])
 def test_other_inplace_spellings_are_found(how, op, placement_rules):
     report = audit_model(_Residual(how), (torch.randn(2, 3, 8),), placement_rules)
-    fact = site(report, "norm").extra["inplace_alias"]
+    fact = site(report, "norm").stream.inplace_alias.model_dump()
     assert fact["op"] == op and fact["casts"] == [] and fact["alias_dtypes"] == ["float32", "float16", "bfloat16"]
     assert [c["module"] for c in fact["consumers"]] == [""] and fact["consumers"][0]["op"] == "add"
     assert "aliases in every dtype" in _np108(report)["norm"].message
@@ -136,7 +136,7 @@ def test_model_input_overwritten_for_the_caller(placement_rules):
             return self.fc(self.norm(x))
 
     report = audit_model(First(), (torch.randn(2, 3, 8),), placement_rules)
-    fact = site(report, "norm").extra["inplace_alias"]
+    fact = site(report, "norm").stream.inplace_alias.model_dump()
     assert fact["caller_input"] == "x" and fact["consumers"] == []
     assert _np108(report)["norm"].message.endswith(
         "it overwrites the caller's tensor, and the model input `x` is overwritten for the caller (aliases in every "
@@ -211,7 +211,8 @@ def _alias_facts(model, inputs, method, dtype=torch.float32):
     records, facts = _pipeline(model, inputs, method, dtype)
     out = {}
     for r in records:
-        fact = r.site.extra.get("inplace_alias")
+        alias = r.site.stream.inplace_alias
+        fact = alias.model_dump() if alias is not None else None
         readers = [(c["module"], c["op"], c["source"]["line"]) for c in fact["consumers"]] if fact else None
         out[r.site.module] = (r.site.placement, readers, fact["alias_dtypes"] if fact else None)
     return out, facts.placement
@@ -245,7 +246,8 @@ def test_export_other_spellings(how, found):
     """The norm's output is a new tensor (``x * self.weight``) here: the caller's read of the overwritten
     ``h`` reads an in-place node inside the norm in the export graph, no parent trace needed."""
     records, _ = _pipeline(_Residual(how), (torch.randn(2, 3, 8),), "export")
-    fact = next(r.site for r in records if r.site.module == "norm").extra.get("inplace_alias")
+    alias = next(r.site for r in records if r.site.module == "norm").stream.inplace_alias
+    fact = alias.model_dump() if alias is not None else None
     if not found:
         assert fact is None
         return

@@ -24,7 +24,7 @@ def test_batch_of_one_error_quotes_pytorch(my_rules):
     r = audit_model(spec.build_model(), spec.example_inputs(), rules=my_rules)
     assert r.capture.attempts[-1].method.endswith("(eval)")   # PyTorch refused train mode at batch 1
     flat, img = site(r, "bn_flat"), site(r, "bn_img")
-    assert (flat.extra["values_per_channel"], img.extra["values_per_channel"]) == (1, 256)
+    assert (flat.batchnorm.values_per_channel, img.batchnorm.values_per_channel) == (1, 256)
     f = next(f for f in r.findings if f.module == "bn_flat")
     assert f.message.startswith("BatchNorm1d is trained with a micro-batch of 1: PyTorch raises in training: "
                                 "Expected more than 1 value per channel when training, got input size "
@@ -33,7 +33,7 @@ def test_batch_of_one_error_quotes_pytorch(my_rules):
     r = audit_model(spec.build_model(), (torch.randn(4, 3, 16, 16),), rules=my_rules, batch_size=1)
     assert [(f.module, f.severity) for f in r.findings if f.rule_id == "NB101"] == [("bn_flat", "error"),
                                                                                    ("bn_img", "warning")]
-    assert site(r, "bn_flat").extra["train_error"] == ("Expected more than 1 value per channel when training, "
+    assert site(r, "bn_flat").batchnorm.train_error == ("Expected more than 1 value per channel when training, "
                                                        "got input size torch.Size([1, 16])")
 
 

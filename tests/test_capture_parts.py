@@ -47,7 +47,7 @@ def test_parts_captured_alone_get_graph_facts(rules):
                             ("final", "RMSNorm", 1e-5)):
         s = site(report, path)
         assert (s.kind, s.detected_by, s.eps, s.normalized_axes) == (kind, "module", eps, ["feature"])
-        assert s.extra["captured_part"] == path.rsplit(".", 1)[0] if path != "final" else "final"
+        assert s.captured_part == path.rsplit(".", 1)[0] if path != "final" else "final"
         assert s.formula is not None and s.formula.mean_subtracted is (kind == "LayerNorm")
     assert site(report, "blocks.0.norm").placement == "pre" and site(report, "blocks.0.norm").block == "blocks.0"
     assert [(b.path, b.class_name, b.norms) for b in report.model.blocks] == [

@@ -84,7 +84,7 @@ def test_models_of_their_own_captured_when_the_forward_fails_at_once(rules):
     for path, kind, eps, part, how in ([(n, "LayerNorm", 1e-7, "text", "module") for n in BERT_NORMS]
                                        + [(n, "RMSNorm", 1e-6, "lm", "pattern") for n in LLAMA_NORMS]):
         s = site(report, path)
-        assert (s.kind, s.eps, s.detected_by, s.extra["captured_part"]) == (kind, eps, how, part), path
+        assert (s.kind, s.eps, s.detected_by, s.captured_part) == (kind, eps, how, part), path
         assert s.input_shape is not None and s.input_shape[-1] == 16 and s.formula is not None
     assert cap.unaudited == [] and "NK101" not in {f.rule_id for f in report.findings}
     assert ("the whole model could not be captured; 2 part(s) captured alone (text, lm): their sites have graph "
@@ -102,7 +102,7 @@ def test_recorded_parts_and_models_of_their_own_are_told_apart(rules):
     assert _parts(report) == [("text", "BertModel", "export"), ("lm", "LlamaModel", OWN)]
     assert cap.parts[0].inputs == ["arg0: int64[2, 8]"]
     assert sorted(s.module for s in report.sites) == sorted(BERT_NORMS + LLAMA_NORMS)
-    assert site(report, "lm.norm").extra["captured_part"] == "lm" and site(report, "lm.norm").eps == 1e-6
+    assert site(report, "lm.norm").captured_part == "lm" and site(report, "lm.norm").eps == 1e-6
     assert ("1 of them on the inputs the model's forward gave them (text), 1 as models of their own on inputs "
             "built for them (lm)") in report.notes
 
@@ -126,7 +126,7 @@ def test_model_of_its_own_replaces_the_parts_recorded_inside_it(rules):
     report = _audit_assumed(_build(EmbedsThenSession), (torch.randint(0, 50, (2, 8)),), rules)
     assert _parts(report) == [("text", "BertModel", OWN), ("lm", "LlamaModel", OWN)]
     assert sorted(s.module for s in report.sites) == sorted(BERT_NORMS + LLAMA_NORMS)  # each norm once
-    assert site(report, "text.embeddings.LayerNorm").extra["captured_part"] == "text"
+    assert site(report, "text.embeddings.LayerNorm").captured_part == "text"
     assert report.capture.unaudited == []
 
 
@@ -242,5 +242,5 @@ def test_tower_never_called_gets_the_inputs_a_meta_forward_accepts(rules):
     assert [(p.module, p.method, p.inputs) for p in cap.parts] == [
         ("vision_tower", "export", ["pixel_values: float32[8, 3, 4, 4]", "grid_thw: int64[2, 3]"])]
     s = site(report, "vision_tower.norm")
-    assert (s.kind, s.eps, s.input_shape, s.extra["captured_part"]) == ("LayerNorm", 1e-5, [8, 16], "vision_tower")
+    assert (s.kind, s.eps, s.input_shape, s.captured_part) == ("LayerNorm", 1e-5, [8, 16], "vision_tower")
     assert cap.unaudited == []

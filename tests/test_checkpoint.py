@@ -197,7 +197,7 @@ def test_batchnorm_trained_and_initial(tmp_path):
     assert bn1.weights.gain_mean == 1.0 and bn1.weights.bias_present
     site = f1.to_site()
     assert isinstance(site, Site) and site.num_channels == 4 and site.track_running_stats is True
-    assert site.detected_by == "checkpoint" and site.extra["kind_guessed"] is True
+    assert site.detected_by == "checkpoint" and site.kind_guessed is True
 
 
 def test_batchnorm_running_stats_without_affine_or_nbt(tmp_path):

@@ -45,9 +45,9 @@ def test_rmsnorm_without_eps_reports_the_eps_of_its_dtype(dtype, eps):
     r = audit_model(_RMSPair(), (torch.randn(2, 4, 16),), rules={}, dtype=dtype)
     default, functional, given = site(r, "default"), site(r, ""), site(r, "given")
     assert (default.eps, default.input_dtype) == (eps, dtype)
-    assert default.extra["eps_default"] == "torch.finfo(input dtype).eps"
+    assert default.eps_default == "torch.finfo(input dtype).eps"
     assert (functional.detected_by, functional.eps) == ("functional", eps)
-    assert given.eps == 1e-6 and "eps_default" not in given.extra
+    assert given.eps == 1e-6 and given.eps_default is None
     assert default.eps_facts.effective == eps
     # the constructor quoted as written: no eps argument for the default one
     assert default.describe() == "nn.RMSNorm(normalized_shape=[16])"

@@ -290,7 +290,7 @@ def _site(**kw):
 @pytest.mark.parametrize("kw, text", [
     ({}, "nn.LayerNorm(normalized_shape=[512], eps=1e-05)"),
     ({"affine_weight": True, "affine_bias": False}, "nn.LayerNorm(normalized_shape=[512], eps=1e-05, bias=False)"),
-    ({"kind": "RMSNorm", "class_name": "RMSNorm", "eps": 1.1920928955078125e-07, "extra": {"eps_default": "finfo"}},
+    ({"kind": "RMSNorm", "class_name": "RMSNorm", "eps": 1.1920928955078125e-07, "eps_default": "finfo"},
      "nn.RMSNorm(normalized_shape=[512])"),
     ({"kind": "GroupNorm", "class_name": "GroupNorm", "num_groups": 32, "num_channels": 256},
      "nn.GroupNorm(num_groups=32, num_channels=256, eps=1e-05)"),
@@ -298,7 +298,7 @@ def _site(**kw):
      "`LayerNorm2d` (a torch.nn LayerNorm subclass: mean and variance over the last 512 features, eps 1e-05)"),
     ({"detected_by": "pattern", "kind": "RMSNorm", "class_name": "MyNorm", "class_module": "model", "eps": 1e-6},
      "hand-written RMSNorm `MyNorm` (mean of squares over the last 512 features, eps 1e-06)"),
-    ({"detected_by": "pattern", "class_name": "Block", "class_module": "model", "eps": None, "extra": {"inline": True},
+    ({"detected_by": "pattern", "class_name": "Block", "class_module": "model", "eps": None, "inline": True,
       "reduced_dims": [1, 2], "input_shape": [2, 16, 32]},
      "hand-written LayerNorm in `Block` (mean and variance over the last 2 dims (16x32: sequence, feature), no eps)"),
     ({"detected_by": "functional", "op": "layer_norm", "class_name": "Block", "class_module": "model",

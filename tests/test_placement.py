@@ -52,7 +52,8 @@ def _placements(model, inputs, method):
     analyse(cap, records, facts)
     keys = ("skip_from_norm", "reads_norm", "feeds_norm", "majority_placement", "branch_position")
     roles = [(r.site.module, r.site.call_index, r.site.placement, r.site.block,
-              sorted((k, str(v)) for k, v in r.site.extra.items() if k in keys)) for r in records]
+              sorted((k, str(v)) for k, v in r.site.stream.model_dump(exclude_defaults=True).items() if k in keys))
+             for r in records]
     return roles, facts.model_dump(exclude={"class_name", "num_parameters"})
 
 
@@ -126,8 +127,8 @@ def test_torch_transformer_defaults_are_post_ln_with_double_final_norms(placemen
     expected.update({"encoder.norm": "final", "decoder.norm": "final"})
     assert {s.module: s.placement for s in report.sites} == expected
     assert report.model.placement == "post" and report.model.has_final_norm is True
-    assert site(report, "encoder.norm").extra["reads_norm"] == "encoder.layers.1.norm2"
-    assert site(report, "decoder.norm").extra["reads_norm"] == "decoder.layers.1.norm3"
+    assert site(report, "encoder.norm").stream.reads_norm == "encoder.layers.1.norm2"
+    assert site(report, "decoder.norm").stream.reads_norm == "decoder.layers.1.norm3"
     np103 = _findings(report, "NP103")
     assert sorted(np103) == ["decoder.norm", "encoder.norm"]
     assert all(f.severity == "info" for f in np103.values())
@@ -336,7 +337,7 @@ def test_t5_float16_clamp_is_looked_through(placement_rules):
         expected[f"{stack}.final_layer_norm"] = "final"
     assert {r.site.module: r.site.placement for r in records} == expected
     assert facts.placement == "pre" and facts.has_final_norm is True
-    assert not any("unnormed_stream_end" in r.site.extra for r in records)
+    assert all(r.site.stream.unnormed_stream_end is None for r in records)
     sites = [r.site for r in records]
     assert evaluate(list(placement_rules.values()), sites, facts, model_config(model) or {}, "config", {}) == []
 
@@ -404,7 +405,7 @@ def test_gemma2_is_sandwich_and_resnet_is_post(placement_rules):
     report = _light_audit(model, (torch.randn(1, 3, 32, 32),), rules=placement_rules, on_meta=True)
     assert report.model.blocks[1].norms == {"encoder.stages.0.layers.1.layer.0.normalization": "pre",
                                             "encoder.stages.0.layers.1.layer.1.normalization": "sandwich"}
-    assert site(report, "encoder.stages.0.layers.1.layer.0.normalization").extra["branch_position"] == "inner"
+    assert site(report, "encoder.stages.0.layers.1.layer.0.normalization").stream.branch_position == "inner"
     assert report.model.placement == "post"
     assert [f for f in report.findings if f.severity != "info"] == []
     # bottlenecks whose first block projects the stem's output (conv -> BN -> ReLU -> max-pool feeds both the
@@ -412,7 +413,7 @@ def test_gemma2_is_sandwich_and_resnet_is_post(placement_rules):
     model = _hf("ResNetConfig", "ResNetModel", embedding_size=16, hidden_sizes=[8, 16], depths=[2, 2],
                 layer_type="bottleneck")
     report = _light_audit(model, (torch.randn(1, 3, 32, 32),), rules=placement_rules, on_meta=True)
-    assert site(report, "embedder.embedder.normalization").extra["branch_position"] == "input"
+    assert site(report, "embedder.embedder.normalization").stream.branch_position == "input"
     assert report.model.blocks[0].norms["encoder.stages.0.layers.0.shortcut.normalization"] == "sandwich"
     assert report.model.placement == "post"
 
@@ -455,7 +456,7 @@ def test_library_signal_decoder_without_final_norm_is_info(placement_rules):
     analyse(cap, records, facts)
     sites = [r.site for r in records]
     facts.stream_end = stream_end(sites, facts)
-    assert {s.module: s.extra.get("stream_end_conv") for s in sites} == {"stage.0.norm": None,
+    assert {s.module: s.stream.stream_end_conv for s in sites} == {"stage.0.norm": False,
                                                                            "stage.1.norm": True}
     for library, severity in ((True, "info"), (False, "warning")):
         found = evaluate([placement_rules["NP101"]], sites, facts, {}, "config", {"library_model": library})
@@ -489,7 +490,7 @@ def test_grounding_dino_fusion_layer_loses_no_identity_path():
     cap = capture_model(layer, (torch.randn(2, 12, 32), torch.randn(2, 5, 32)), on_meta=False)
     records = discover_sites(cap)
     analyse(cap, records, ModelFacts(class_name="GroundingDinoFusionLayer"))
-    extra = {r.site.module: r.site.extra for r in records}
+    extra = {r.site.module: r.site.stream.model_dump() for r in records}
     for side in ("vision", "text"):
         e = extra[f"layer_norm_{side}"]
         assert e.get("skip_from_norm") is True and e.get("no_identity_lost") is True, (side, e)

@@ -14,7 +14,7 @@ from torch import nn
 
 from conftest import audit_model
 from normaudit.facts import placement
-from normaudit.report import Block
+from normaudit.report import Block, StreamFacts
 
 
 class ResamplerLayer(nn.Module):
@@ -61,7 +61,7 @@ def test_export_labels_the_first_layers_latent_norm_as_symbolic_trace_does(rules
 
 
 def _info(path: str, **flags) -> SimpleNamespace:
-    return SimpleNamespace(rec=SimpleNamespace(site=SimpleNamespace(module=path, call_index=0, extra={})), **flags)
+    return SimpleNamespace(rec=SimpleNamespace(site=SimpleNamespace(module=path, call_index=0, stream=StreamFacts())), **flags)
 
 
 def _mixed(first_flags: dict) -> dict:
@@ -69,7 +69,7 @@ def _mixed(first_flags: dict) -> dict:
               for i, r in enumerate(["embedding", "pre", "pre"])]
     infos = [_info("layers.0.norm", **first_flags), _info("layers.1.norm"), _info("layers.2.norm")]
     placement.mark_mixed(blocks, infos)
-    return infos[0].rec.site.extra
+    return infos[0].rec.site.stream.model_dump(exclude_defaults=True)
 
 
 def test_a_norm_of_parameters_only_is_no_evidence_of_mixed_placement():

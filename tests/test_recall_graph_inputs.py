@@ -173,7 +173,7 @@ class ConvCumulative(nn.Module):
 def test_cumulative_group_norm_is_a_site(method):
     recs = _records(ConvCumulative(), (torch.randn(2, 1, 5, 6),), method)
     assert [(r.site.module, r.site.kind, r.site.eps, r.site.reduced_dims, r.site.normalized_shape,
-             r.site.input_shape, r.site.extra["cumulative_dim"]) for r in recs] == [
+             r.site.input_shape, r.site.cumulative_dim) for r in recs] == [
         ("norm", "Other", 1e-3, [2, 3], [6, 8], [2, 5, 6, 8], 1)]
     f = recs[0].site.formula
     assert (f.mean_subtracted, f.variance, f.eps_position, f.gain) == (True, "population", "inside_sqrt", "weight")
@@ -197,7 +197,7 @@ class CumulativeMeanSquare(nn.Module):
 @pytest.mark.parametrize("method", METHODS)
 def test_cumulative_mean_square_is_an_uncentred_site(method):
     recs = _records(CumulativeMeanSquare(), (torch.randn(2, 5, 16),), method)
-    assert [(r.site.module, r.site.kind, r.site.eps, r.site.reduced_dims, r.site.extra["cumulative_dim"],
+    assert [(r.site.module, r.site.kind, r.site.eps, r.site.reduced_dims, r.site.cumulative_dim,
              r.site.formula.mean_subtracted) for r in recs] == [("", "Other", 1e-5, [2], 1, False)]
     assert recs[0].site.formula.text.startswith("Other (cumulative): x / sqrt(mean_0..t(x^2) + eps) over [")
 
@@ -217,7 +217,7 @@ def test_gemma3n_audio_cumulative_group_norm():
 
     assert transformers is not None
     recs = _records(Sub(), (torch.randn(2, 1, 5, 6),), "export")
-    assert [(r.site.module, r.site.kind, r.site.eps, r.site.reduced_dims, r.site.extra["cumulative_dim"])
+    assert [(r.site.module, r.site.kind, r.site.eps, r.site.reduced_dims, r.site.cumulative_dim)
             for r in recs] == [("norm", "Other", 1e-3, [2, 3], 1)]
 
 

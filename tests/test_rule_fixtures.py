@@ -219,7 +219,7 @@ def _check_facts(report, case) -> None:
         assert site(report, module).weights.keys == keys, module
     if "gain_form" in case:
         for s in report.sites:
-            form = s.formula.gain if s.formula is not None and s.formula.gain else s.extra.get("gain_form")
+            form = s.gain_form
             assert form == case["gain_form"], (s.module, form)
 
 

@@ -22,7 +22,7 @@ Two steps, both over the captured graph:
    has the target dtype in the audited graph, and ``.view``/``.reshape``/``.contiguous``/``.detach``/
    ``transpose``/``permute``/``unsqueeze``/``squeeze``/indexing, and earlier in-place ops); the nodes
    outside the norm that read that storage after the op (the residual add, another branch, the model's
-   caller when it is a model input) are the consumers. Written as ``site.extra["inplace_alias"]``
+   caller when it is a model input) are the consumers. Written as ``site.stream.inplace_alias``
    (a dict: ``op``, ``source`` {file, line}, ``consumers`` [{module, op, line}], ``alias_dtypes``, ``casts``,
    ``caller_input``). ``alias_dtypes`` are the input dtypes for which every cast on the way is a no-op
    (no cast: every floating dtype; ``.float()``: float32 only).
@@ -53,6 +53,7 @@ from typing import Any, Optional
 
 from torch import fx
 
+from normaudit.report import InplaceAlias
 from normaudit.vocabulary.graph import dtype, op_name, owner
 
 #: in-place methods that only change flags or metadata, not values
@@ -376,7 +377,7 @@ def _consumers(root: fx.Node, after: int, scope: str, order: dict, modules: dict
 
 def _site_mutations(gm: fx.GraphModule, rec: Any, modules: dict) -> list[fx.Node]:
     scope = rec.site.module
-    inline = bool(rec.site.extra.get("inline"))
+    inline = rec.site.inline
     return [n for n in gm.graph.nodes if is_inplace(n) and _within(owner(n, modules), scope)
             and (not inline or _related(n, rec))]
 
@@ -416,7 +417,7 @@ def site_alias(cap: Any, rec: Any, order: dict) -> Optional[dict]:
 
 
 def analyse(cap: Any, records: list) -> None:
-    """Write ``site.extra["inplace_alias"]`` (:func:`site_alias`) on every site whose norm overwrites a tensor
+    """Write ``site.stream.inplace_alias`` (:func:`site_alias`) on every site whose norm overwrites a tensor
     read elsewhere afterwards. Symbolically traced graphs only (exported graphs are functional)."""
     if cap.gm is None or not any(is_inplace(n) for n in cap.gm.graph.nodes):
         return
@@ -424,7 +425,7 @@ def analyse(cap: Any, records: list) -> None:
     for rec in records:
         found = site_alias(cap, rec, order)
         if found is not None:
-            rec.site.extra["inplace_alias"] = found
+            rec.site.stream.inplace_alias = InplaceAlias(**found)
 
 
 def run_dataflow(ctx: Any, facts: Any) -> None:

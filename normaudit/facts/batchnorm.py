@@ -1,13 +1,13 @@
 """BatchNorm/GroupNorm/InstanceNorm facts: which axis is treated as channels, how many values each channel's
 statistics see, repeated calls, padded sequences, and GroupNorm groups against the configuration.
 
-Per site (``site.channel_axes`` and ``site.extra``):
+Per site (``site.channel_axes`` and ``site.batchnorm``, :class:`normaudit.report.BatchNormFacts`):
 
 - ``channel_axes`` (BatchNorm, GroupNorm, InstanceNorm): the axis labels of the input's dim 1, the dim these
   norms keep one statistic (and one affine weight) per (PyTorch docs: ``(N, C, *)`` input). ``sequence``
   there means a ``(batch, seq, feature)`` tensor went straight into ``BatchNorm1d``.
 - ``values_per_channel`` (BatchNorm): the number of values each channel's batch statistics are taken over in
-  training at the audited micro-batch (``options.batch_size``): the product of the reduced dims' sizes, with
+  training at the audited micro-batch (``ctx.batch_size``): the product of the reduced dims' sizes, with
   the example batch replaced by the micro-batch. PyTorch raises ``Expected more than 1 value per channel when
   training`` when it is 1 (``torch.nn.functional._verify_batch_size``).
 - ``calls_per_forward`` (BatchNorm): how many times the module runs in one forward (more than one: a shared
@@ -25,9 +25,9 @@ Per site (``site.channel_axes`` and ``site.extra``):
   CLAP/HTSAT's ``bn0``: ``bn0(input_features.transpose(1, 3))``, a per-mel-bin standardisation of the raw
   features, not token features of the residual stream); None otherwise.
 
-Model level (``model.extra["groupnorm_config"]``): :func:`groupnorm_config_facts`, the configuration's GroupNorm
-group counts that do not divide its channel counts, for a model that has GroupNorms. ``model.extra
-["causal_attention"]``: the first graph op that makes attention causal (``scaled_dot_product_attention(...,
+Model level (``model.groupnorm_config``): :func:`groupnorm_config_facts`, the configuration's GroupNorm
+group counts that do not divide its channel counts, for a model that has GroupNorms. ``model.causal_attention``:
+the first graph op that makes attention causal (``scaled_dot_product_attention(...,
 is_causal=True)``, a ``tril``/``triu`` mask, a lower-triangular comparison of position indices as
 transformers' ``masking_utils`` builds it), else None; computed only for a model with a BatchNorm over the
 sequence axis.
@@ -43,7 +43,7 @@ from torch import fx
 
 from normaudit.vocabulary.graph import shape
 from normaudit.facts.axes import flat_labels
-from normaudit.report import ModelFacts
+from normaudit.report import GroupNormProblem, ModelFacts
 
 CHANNELWISE = ("BatchNorm", "GroupNorm", "InstanceNorm")
 
@@ -177,47 +177,49 @@ def analyse(ctx: Any, records: list, model: ModelFacts, env: dict[fx.Node, Any])
     """Fill the facts of the module docstring on ``records`` (``SiteRecord``) and ``model``.
 
     ``env`` is the axis pass's node -> labels map (:func:`normaudit.facts.axes.label_graph`); ``ctx`` a
-    :class:`normaudit.facts.FactContext` (reads ``options["batch_size"]``, ``config``, ``inputs``).
+    :class:`normaudit.facts.FactContext` (reads ``batch_size``, ``train_error``, ``config``, ``inputs``).
     """
     micro = ctx.batch_size
     calls = Counter(r.site.module for r in records if r.site.kind == "BatchNorm")
     example_batch = _example_batch(ctx)
     mask = None
+    causal_looked_for = False
     for rec in records:
         s = rec.site
         if s.kind not in CHANNELWISE:
             continue
         labels = env.get(rec.input) if rec.input is not None else None
         if isinstance(labels, list) and len(labels) > 1:
-            # a hand-written GroupNorm's channels: the dim its per-channel affine scales (issue 15 item 3)
+            # a hand-written GroupNorm's channels: the dim its per-channel affine scales, not always dim 1
             dim = s.group_split.channel_dim if s.group_split is not None and s.group_split.channel_dim else 1
             s.channel_axes = flat_labels([labels[dim if dim < len(labels) else 1]])  # type: ignore[assignment]
         if s.kind != "BatchNorm":
             continue
-        s.extra["calls_per_forward"] = calls[s.module]
+        s.batchnorm.calls_per_forward = calls[s.module]
         shp = s.input_shape or (list(shape(rec.input)) if rec.input is not None and shape(rec.input) else None)
         if shp and s.reduced_dims is not None:
             values = math.prod(shp[d] for d in s.reduced_dims if d < len(shp))
             if micro and example_batch and "batch" in (s.normalized_axes or []) and values % example_batch == 0:
                 values = values // example_batch * int(micro)
-            s.extra["values_per_channel"] = int(values)
+            s.batchnorm.values_per_channel = int(values)
             if values == 1 and s.training:
                 texts = [ctx.train_error] + [a.error for a in getattr(ctx.cap, "attempts", [])]
                 raised = next((m for m in map(_one_value_error, texts) if m), None)
                 if raised is None and micro:
                     raised = (f"Expected more than 1 value per channel when training, got input size "
                               f"torch.Size({[int(micro)] + list(shp[1:])})")
-                s.extra["train_error"] = raised
+                s.batchnorm.train_error = raised
         if "sequence" in (s.normalized_axes or []):
             if mask is None:
                 mask = _mask_input(ctx) or ""
-            s.extra["padding_input"] = mask or None
+            s.batchnorm.padding_input = mask or None
             modules = _modules(ctx)
-            s.extra["conv_input"] = conv_source(rec.input, modules)
-            s.extra["conv_sibling"] = conv_sibling(rec.input, modules)
-            s.extra["model_input"] = input_source(rec.input, modules)
-            if "causal_attention" not in model.extra:
-                model.extra["causal_attention"] = causal_op(ctx.cap.gm.graph if ctx.cap and ctx.cap.gm else None)
+            s.batchnorm.conv_input = conv_source(rec.input, modules)
+            s.batchnorm.conv_sibling = conv_sibling(rec.input, modules)
+            s.batchnorm.model_input = input_source(rec.input, modules)
+            if not causal_looked_for:
+                model.causal_attention = causal_op(ctx.cap.gm.graph if ctx.cap and ctx.cap.gm else None)
+                causal_looked_for = True
 
 
 #: ops a convolution's output passes through on its way to the norm without ceasing to be a conv map
@@ -410,5 +412,6 @@ def run(ctx: Any, facts: Any) -> None:
 def run_groupnorm_config(ctx: Any, facts: Any) -> None:
     """Pass ``groupnorm-config``: the configuration's GroupNorm group counts that do not divide the channels it
     declares (:func:`groupnorm_config_facts`), over every GroupNorm site of the whole model
-    (``model.extra["groupnorm_config"]``)."""
-    facts.model.extra["groupnorm_config"] = groupnorm_config_facts(ctx.config or {}, [r.site for r in facts.records])
+    (``model.groupnorm_config``)."""
+    facts.model.groupnorm_config = [GroupNormProblem(**p) for p in
+                                    groupnorm_config_facts(ctx.config or {}, [r.site for r in facts.records])]

@@ -348,7 +348,7 @@ def analyse(ctx: Any, records: list) -> None:
 
     ``ctx`` is the :class:`normaudit.facts.FactContext`; its ``config_sources`` (a list of
     :class:`ConfigSource`) are compared, or, when empty, ``config``/``config_source`` with the origin in
-    ``options["config_origin"]``. Peers: :func:`assign_peers`.
+    ``config_origin``. Peers: :func:`assign_peers`.
     """
     sources = _sources(ctx)
     cap = getattr(ctx, "cap", None)

@@ -65,7 +65,7 @@ def special_text(rec: Any, f: Formula) -> Optional[str]:
         return l2_text(rec, f)
     form = h.get("form")
     if form == "cumulative":  # statistics of steps 0..t (a streaming norm): mean and variance are running ones
-        t = s.extra.get("cumulative_dim")
+        t = s.cumulative_dim
         centred = ("(x - mean_0..t) / sqrt(var_pop_0..t + eps)" if f.mean_subtracted
                    else "x / sqrt(mean_0..t(x^2) + eps)")
         gain = " * w" if f.gain == "weight" else ""

@@ -50,11 +50,9 @@ def site_features(site: Site) -> Optional[int]:
 
 
 def gain_form(site: Site) -> str:
-    """``weight``, ``one_plus_weight``, ``none`` or ``unknown``: how the site applies its gain (the formula pass,
-    else the weights pass's fallback)."""
-    if site.formula is not None and site.formula.gain not in (None, "unknown"):
-        return site.formula.gain
-    return str(site.extra.get("gain_form") or "unknown")
+    """``weight``, ``one_plus_weight``, ``none`` or ``unknown``: how the site applies its gain
+    (``site.gain_form``, set by the weights pass)."""
+    return str(site.gain_form or "unknown")
 
 
 def effective_gain_absmax(gain_min: float, gain_max: float, form: str) -> float:

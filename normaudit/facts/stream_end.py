@@ -5,7 +5,7 @@ In a pre-LN Transformer (Xiong et al. 2020, arXiv 2002.04745) every block comput
 the branches see normalised inputs and the stream itself is a growing sum of every block's output; the stack is
 closed by a final norm before the head. The placement pass marks the norms in the branch of a stack's last
 residual add whose stream reaches the output (or the module it reaches) with no norm between
-(``site.extra["unnormed_stream_end"]``, ``stream_end_conv``, ``stack_blocks``). Of those, the ones that read
+(``site.stream``: ``unnormed_stream_end``, ``stream_end_conv``, ``stack_blocks``). Of those, the ones that read
 the stream at their block's input (``branch_position`` ``input``: a norm placed deeper inside the branch,
 ConvNeXt style, does not make a pre-LN stack) in a stack of more than one block (a single transformer block
 nested in a U-Net, closed by a projection, has no depth for the stream to grow with) stand for the stream's
@@ -25,19 +25,19 @@ def stream_end(sites: list[Site], model: ModelFacts) -> Optional[StreamEnd]:
         >>> from normaudit.report import Site
         >>> s = Site(module="layers.1.ln1", kind="LayerNorm", class_name="LayerNorm", detected_by="module",
         ...          placement="pre", block="layers.1",
-        ...          extra={"unnormed_stream_end": "lm_head", "branch_position": "input", "stack_blocks": 2})
+        ...          stream={"unnormed_stream_end": "lm_head", "branch_position": "input", "stack_blocks": 2})
         >>> stream_end([s], ModelFacts(class_name="GPT"))
         StreamEnd(module='layers.1.ln1', block='layers.1', consumer='lm_head', output_conv=False, unused_norm=None)
     """
-    ends = [s for s in sites if "unnormed_stream_end" in s.extra and s.placement == "pre"
-            and s.extra.get("branch_position") == "input" and s.extra.get("stack_blocks", 0) != 1]
+    ends = [s for s in sites if s.stream.unnormed_stream_end is not None and s.placement == "pre"
+            and s.stream.branch_position == "input" and (s.stream.stack_blocks or 0) != 1]
     if not ends:
         return None
     last = ends[-1]
-    consumer = last.extra["unnormed_stream_end"]
+    consumer = last.stream.unnormed_stream_end
     outside = [u for u in model.unused_norms if not any(u.module.startswith(b.path + ".") for b in model.blocks)]
     return StreamEnd(module=last.module, block=last.block, consumer=None if consumer == "output" else consumer,
-                     output_conv=bool(last.extra.get("stream_end_conv", False)),
+                     output_conv=last.stream.stream_end_conv,
                      unused_norm=outside[-1].module if outside else None)
 
 

@@ -1,5 +1,5 @@
 """Weight facts: a checkpoint's norm parameters mapped onto the model's sites (``site.weights``), and the gain
-form each site applies when the formula pass could not say (``site.extra["gain_form"]``).
+form each site applies when the formula pass could not say (``site.gain_form``).
 
 For each site the *model keys* are the ``state_dict`` names of its module's own parameters and persistent
 buffers (``layers.0.input_layernorm.weight``); for a functional or hand-written norm inside a larger module,
@@ -176,8 +176,9 @@ def _fallback_gain_form(site: Any, roles: dict[str, str], graph_form: Optional[s
 
 
 def analyse(ctx: Any, records: list) -> list[str]:
-    """Set ``site.weights`` from ``ctx.checkpoint`` (when given) and ``site.extra["gain_form"]`` where the
-    formula pass left the gain form unknown. Returns notes for the report."""
+    """Set ``site.gain_form`` on every record (the formula's gain where the formula pass knows it, else read from
+    how the graph uses the site's parameters) and ``site.weights`` from ``ctx.checkpoint`` (when given).
+    Returns notes for the report."""
     cap = ctx.cap
     gm = cap.gm
     user_inputs = list(getattr(cap, "user_inputs", []) or [])
@@ -188,12 +189,14 @@ def analyse(ctx: Any, records: list) -> list[str]:
     for rec in records:
         site = rec.site
         known = site.formula is not None and site.formula.gain not in (None, "unknown")
-        if known and ckpt is None:
-            continue
+        if known:
+            site.gain_form = site.formula.gain
+            if ckpt is None:
+                continue
         names = site_param_names(site, modules.get(site.module))
         roles, graph_form = param_roles(site, names, gm, user_inputs, index)
         if not known:
-            site.extra["gain_form"] = _fallback_gain_form(site, roles, graph_form)
+            site.gain_form = _fallback_gain_form(site, roles, graph_form)
         per_site.append((site, names, roles))
     if ckpt is None:
         return []

@@ -108,12 +108,19 @@ def full_context(ctx: FactContext, plan: RepeatPlan) -> FactContext:
     return dataclasses.replace(ctx, cap=dataclasses.replace(ctx.cap, modules=full_view(plan, ctx.cap)))
 
 
-def _drop_recomputed(facts: Facts, keys: tuple[str, ...]) -> dict[str, bool]:
-    """Remove the site facts ``keys`` from every site; which of them some site held."""
-    held = {k: False for k in keys}
+def _drop_recomputed(facts: Facts, fields: tuple[str, ...]) -> dict[str, bool]:
+    """Reset the site facts ``fields`` (dotted paths below a site: ``stream.majority_placement``) to their
+    defaults on every site; which of them some site held (a value other than the default), by last name."""
+    held = {f.rpartition(".")[2]: False for f in fields}
     for rec in facts.records:
-        for k in keys:
-            held[k] |= rec.site.extra.pop(k, None) is not None
+        for dotted in fields:
+            *path, name = dotted.split(".")
+            owner = rec.site
+            for step in path:
+                owner = getattr(owner, step)
+            default = type(owner).model_fields[name].get_default(call_default_factory=True)
+            held[name] |= getattr(owner, name) != default
+            setattr(owner, name, default)
     return held
 
 

@@ -77,8 +77,8 @@ def carry_placement(carry: Any, facts: Facts) -> None:
     left out for its size). Raises NotCarried when the model's mixed placement would change."""
     _carry_blocks(carry, facts)
     for rec in facts.records:
-        if "stack_blocks" in rec.site.extra:
-            rec.site.extra["stack_blocks"] = placement_pass.stack_size(facts.model.blocks, rec.site.block)
+        if rec.site.stream.stack_blocks is not None:
+            rec.site.stream.stack_blocks = placement_pass.stack_size(facts.model.blocks, rec.site.block)
     placement_pass.mark_mixed(facts.model.blocks, [SimpleNamespace(rec=r) for r in facts.records])
-    if carry.had("majority_placement") != any("majority_placement" in r.site.extra for r in facts.records):
+    if carry.had("majority_placement") != any(r.site.stream.majority_placement is not None for r in facts.records):
         raise NotCarried("the model's mixed placement would change")

@@ -53,7 +53,7 @@ def _part_facts(ctx: FactContext, part: Any) -> Facts:
         elif repeated and rec.site.placement in ("pre", "post", "sandwich"):
             rec.site.block = part.path  # the part is the block around this residual norm
             _block_of(facts.model, part).norms[inner] = rec.site.placement
-        rec.site.extra["captured_part"] = part.path
+        rec.site.captured_part = part.path
     for b in facts.model.blocks:
         b.path = b.path if b.path == part.path else _join(part.path, b.path)
     return facts

@@ -24,8 +24,8 @@ class Pass:
     ``carry(carry, facts)``, when given, carries this pass's model-level facts from the kept blocks to the
     whole stack after the sites were (depth-independent capture, :class:`normaudit.pipeline.carry.Carry`),
     raising :class:`normaudit.pipeline.carry.NotCarried` when it cannot do so exactly; ``recomputed`` names
-    the site facts (``extra`` keys) that hook computes anew over the whole stack: they are dropped from the kept
-    blocks' sites before the carry-over compares them."""
+    the site facts (dotted fields below a site) that hook computes anew over the whole stack: they are reset on
+    the kept blocks' sites before the carry-over compares them."""
 
     name: str
     stage: Stage
@@ -42,28 +42,28 @@ PASSES: tuple[Pass, ...] = (
     Pass("axes", "graph", axes, ("graph", "records", "input_axes"),
          ("node_axes", "site.input_axes", "site.normalized_axes")),
     Pass("placement", "graph", placement, ("graph", "records"),
-         ("site.placement", "site.block", "site.extra", "model.placement", "model.parallel_residual",
+         ("site.placement", "site.block", "site.stream", "model.placement", "model.parallel_residual",
           "model.has_final_norm", "model.num_residual_adds", "model.blocks"), carry=carry_placement,
-         recomputed=("majority_placement", "majority_blocks")),
-    Pass("aliasing", "graph", aliasing.run, ("graph", "records"), ("site.extra",)),
+         recomputed=("stream.majority_placement", "stream.majority_blocks")),
+    Pass("aliasing", "graph", aliasing.run, ("graph", "records"), ("site.stream.inplace_alias",)),
     Pass("formula", "graph", formula.run, ("graph", "records", "site.normalized_axes"), ("site.formula",)),
     Pass("formula-probe", "graph", formula_probe.run, ("records", "site.formula", "probe_model"),
          ("site.formula", "site.kind")),
     Pass("formula-text", "graph", formula.run_text, ("graph", "records", "site.formula", "site.kind"),
          ("site.formula",)),
     Pass("batchnorm", "graph", batchnorm.run, ("graph", "records", "node_axes", "inputs"),
-         ("site.channel_axes", "site.extra", "model.extra")),
+         ("site.channel_axes", "site.batchnorm", "model.causal_attention")),
     Pass("frozen", "graph", frozen.run, ("records", "probe_model"), ("site.freeze",)),
     Pass("size-probe", "probe", size_probe.run, ("graph", "records", "inputs"), ("site.size_probe", "notes")),
     Pass("batch-probe", "probe", batch_probe.run, ("graph", "records", "node_axes", "probe_model", "inputs"),
          ("site.batch_probe", "notes")),
     Pass("weights", "model", weights.run, ("records", "site.formula", "checkpoint"),
-         ("site.weights", "site.extra", "notes")),
+         ("site.weights", "site.gain_form", "notes")),
     Pass("numerics-bound", "model", numerics.run, ("records", "site.weights", "checkpoint"), ("site.numerics",)),
     Pass("usage", "model", usage.run, ("graph", "records", "checkpoint"), ("model.unused_norms", "notes")),
     Pass("groupnorm-config", "whole_model", batchnorm.run_groupnorm_config, ("records", "config"),
-         ("model.extra",)),
-    Pass("stream-end", "whole_model", stream_end.run, ("records", "site.extra", "model.blocks", "model.unused_norms"),
+         ("model.groupnorm_config",)),
+    Pass("stream-end", "whole_model", stream_end.run, ("records", "site.stream", "model.blocks", "model.unused_norms"),
          ("model.stream_end",)),
     Pass("eps", "whole_model", eps.run, ("records", "config_sources", "site.formula"), ("site.eps_facts",)),
     Pass("numerics-probe", "whole_model", numerics_probe.run, ("records", "probe_model", "checkpoint"),

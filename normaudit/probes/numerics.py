@@ -242,7 +242,7 @@ class Recorder:
         self.fused_index: dict[int, int] = {}
         self.site_acc: dict[tuple[str, int], _SiteAcc] = {}
         self.by_key = {(s.module, s.call_index): s for s in sites}
-        self.hand_written = {s.module for s in sites if s.detected_by == "pattern" and not s.extra.get("inline")}
+        self.hand_written = {s.module for s in sites if s.detected_by == "pattern" and not s.inline}
         self.grad_first: Optional[str] = None
         self.handles: list[Any] = []
         self.backward = False
@@ -462,7 +462,7 @@ def _model_bounds(model: nn.Module, records: list, dtype: str) -> None:
         if s.numerics is not None and s.numerics.output_bound is not None:
             continue
         mod = modules.get(s.module)
-        if mod is None or s.detected_by not in ("module", "pattern") or s.extra.get("inline"):
+        if mod is None or s.detected_by not in ("module", "pattern") or s.inline:
             continue
         params = dict(mod.named_parameters(recurse=False))
         gains = [p for n, p in params.items() if p.dim() <= 1 and n in ("weight", "gamma", "scale", "g", "a_2", "gain")]

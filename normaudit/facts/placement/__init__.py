@@ -21,7 +21,7 @@ placeholders, ``nn_module_stack`` on every node) give the same answer. :func:`an
 3. **Model facts** (:mod:`.model`): ``placement``, ``parallel_residual``, ``has_final_norm``,
    ``num_residual_adds`` and ``blocks``.
 
-Per-site facts in ``Site.extra`` (present only when they apply): ``branch_position``, ``skip_from_norm``,
+Per-site facts in ``Site.stream`` (:class:`normaudit.report.StreamFacts`): ``branch_position``, ``skip_from_norm``,
 ``no_identity_lost``, ``feeds_norm`` / ``reads_norm`` (:mod:`.roles`); ``contracted_by_scores``
 (:mod:`.scores`); ``majority_placement`` and ``majority_blocks`` (:mod:`.majority`); ``unnormed_stream_end``,
 ``stack_blocks`` and ``stream_end_conv`` (:mod:`.stream_end`).

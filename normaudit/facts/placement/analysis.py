@@ -18,7 +18,7 @@ from normaudit.report import ModelFacts
 
 
 def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
-    """Set ``site.placement``, ``site.block`` and the placement facts in ``site.extra`` for every record, and
+    """Set ``site.placement``, ``site.block`` and the placement facts in ``site.stream`` for every record, and
     ``model.placement``/``parallel_residual``/``has_final_norm``/``num_residual_adds``/``blocks``.
 
     See :mod:`normaudit.facts.placement` for the definitions (Vaswani et al. 2017; Xiong et al. 2020, arXiv
@@ -73,7 +73,7 @@ def _place_in_branches(g: StreamGraph, infos: list[SiteInfo], adds: list[Residua
         if reaches_scores(g, info.out, residual):
             info.placement = "qk"
             if contracted_by_scores(g, info):
-                info.rec.site.extra["contracted_by_scores"] = True
+                info.rec.site.stream.contracted_by_scores = True
             continue
         branch_placement(g, info, adds)
 
@@ -97,6 +97,6 @@ def _place_on_stream(g: StreamGraph, infos: list[SiteInfo], residual: dict[fx.No
     post_inputs = {i.inp for i in infos if i.placement == "post" and i.inp is not None}
     for info, add in skip_from_norm:
         if add.node not in post_inputs:
-            info.rec.site.extra["skip_from_norm"] = True
+            info.rec.site.stream.skip_from_norm = True
             if not cuts_identity(g, info, add, infos, residual):
-                info.rec.site.extra["no_identity_lost"] = True
+                info.rec.site.stream.no_identity_lost = True

@@ -1,4 +1,4 @@
-"""Majority placement of mixed blocks: ``majority_placement`` and ``majority_blocks`` in ``Site.extra`` of a
+"""Majority placement of mixed blocks: ``majority_placement`` and ``majority_blocks`` in ``Site.stream`` of a
 norm whose role differs from the same norm's in a strict majority of the blocks of its class in its stack.
 ``post``, ``final`` and ``embedding`` are one role, the stream norm, which the first and last blocks of a
 stack see differently. A norm whose role says nothing about its block's scheme is left out: one feeding a
@@ -55,8 +55,8 @@ def mark_mixed(blocks: list[Block], infos: list[Any], add_sizes: Optional[dict[s
                 if STREAM_ROLES.get(role, role) != STREAM_ROLES.get(majority, majority):
                     info = by_key.get(list(b.norms)[pos])
                     if info is not None:
-                        info.rec.site.extra["majority_placement"] = majority
-                        info.rec.site.extra["majority_blocks"] = [
+                        info.rec.site.stream.majority_placement = majority
+                        info.rec.site.stream.majority_blocks = [
                             m.path for m, r in zip(members, roles)
                             if STREAM_ROLES.get(r, r) == STREAM_ROLES.get(majority, majority)]
 

@@ -84,14 +84,14 @@ def _block_roles(blocks: list[Block], infos: list[SiteInfo]) -> set[str]:
         # scheme its class follows (mark_mixed), one deep inside a branch (conv -> BN) leaves the stream be
         paths = {b.path for b in blocks}
         settled = {i.placement for i in infos if i.placement in BLOCK_ROLES and not i.feeds_shortcut
-                   and i.rec.site.extra.get("branch_position") != "inner" and (i.block in paths or not blocks)}
+                   and i.rec.site.stream.branch_position != "inner" and (i.block in paths or not blocks)}
         roles = settled or roles
     return roles
 
 
 def _scheme(roles: set[str], infos: list[SiteInfo]) -> str:
     """``model.placement`` of a model with residual adds, from its block roles (module docstring)."""
-    mixed_blocks = any("majority_placement" in i.rec.site.extra for i in infos)
+    mixed_blocks = any(i.rec.site.stream.majority_placement is not None for i in infos)
     if not roles:
         return "none" if all(i.placement == "none" for i in infos) else "unknown"
     if mixed_blocks or ("pre" in roles and "post" in roles) or ("post" in roles and "sandwich" in roles):
@@ -108,5 +108,5 @@ def _branch_input_normed(infos: list[SiteInfo]) -> bool:
     """Some norm normalises the stream value a residual branch reads (``pre`` at ``branch_position``
     ``input``), as the first norm of a sandwich does; one that also feeds a projection shortcut (a ResNet
     stem's conv -> BN before the first block's 1x1 projection) is no evidence (``SiteInfo.feeds_shortcut``)."""
-    return any(i.placement == "pre" and i.rec.site.extra.get("branch_position") == "input" and not i.feeds_shortcut
+    return any(i.placement == "pre" and i.rec.site.stream.branch_position == "input" and not i.feeds_shortcut
                for i in infos)

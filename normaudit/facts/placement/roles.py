@@ -12,7 +12,7 @@
   residual add, ``post`` when it reads that add directly and no norm sits in that add's branch
   (``LayerNorm(x + f(x))``), ``final`` otherwise; ``none`` when no residual add is around it.
 
-Per-site facts in ``Site.extra``: ``skip_from_norm`` (the norm reads the residual stream -- a residual add, a
+Per-site facts in ``Site.stream``: ``skip_from_norm`` (the norm reads the residual stream -- a residual add, a
 model input, an embedding lookup -- and its output is the skip of a residual add of its own block although
 the norm does not close a sublayer of that block: ``x = norm(x); x = x + f(x)``, unless that add is itself
 closed by a ``post`` norm, ``x = ln(x + f(x))``, as in any post-LN stack; a norm that starts a stream is none);
@@ -48,7 +48,7 @@ def branch_placement(g: StreamGraph, info: "SiteInfo", adds: list[ResidualAdd]) 
             info.adds.append(a)
             if info.add is None:
                 info.add, info.placement, info.feeds_shortcut = a, "pre", True
-                info.rec.site.extra["branch_position"] = "input"
+                info.rec.site.stream.branch_position = "input"
             continue
         if side is None or g.anc_or_eq(info.out, a.reads):
             continue  # not in a branch, or the norm's output is (upstream of) the stream the branch reads
@@ -61,10 +61,10 @@ def branch_placement(g: StreamGraph, info: "SiteInfo", adds: list[ResidualAdd]) 
         ends = {n for t in ([side] if side is not a.branch else a.terms + [a.branch]) for n in _unwrap_branch(g, t)}
         if ends & _own_nodes(g, info):
             info.placement = "sandwich"
-            info.rec.site.extra["branch_position"] = "output"
+            info.rec.site.stream.branch_position = "output"
         else:
             info.placement = "pre"
-            info.rec.site.extra["branch_position"] = "input" if info.inp is a.reads else "inner"
+            info.rec.site.stream.branch_position = "input" if info.inp is a.reads else "inner"
 
 
 # -- placement of sites ------------------------------------------------------------------------------------
@@ -223,7 +223,7 @@ def cuts_identity(g: StreamGraph, info: "SiteInfo", add: ResidualAdd, infos: lis
         if node not in residual:
             break
         node = residual[node].skip
-    return any(o.placement == "pre" and o.rec.site.extra.get("branch_position") == "input" and not o.feeds_shortcut
+    return any(o.placement == "pre" and o.rec.site.stream.branch_position == "input" and not o.feeds_shortcut
                and o.inp in stream for o in infos)
 
 
@@ -252,5 +252,5 @@ def double_norms(g: StreamGraph, infos: list[SiteInfo]) -> None:
                 break
             node = users[0]
         if target is not None:
-            info.rec.site.extra["feeds_norm"] = target.rec.site.module
-            target.rec.site.extra["reads_norm"] = info.rec.site.module
+            info.rec.site.stream.feeds_norm = target.rec.site.module
+            target.rec.site.stream.reads_norm = info.rec.site.module

@@ -1,7 +1,7 @@
 """The end of each stack's residual stream. The last residual add of a stack is normalised when it reaches
 a norm on the stream through casts, views, slicing, token gathers, pooling, scalings by a constant, at most
 one linear projection, or an attention pooling head whose query does not read the stream. Where it is not,
-the norms in that add's branch get ``unnormed_stream_end`` in ``Site.extra`` (the module the stream reaches
+the norms in that add's branch get ``unnormed_stream_end`` in ``Site.stream`` (the module the stream reaches
 un-normalised, or ``output``), ``stack_blocks`` (how many blocks the stack has) and ``stream_end_conv`` when
 that module is a convolution computing the model output from the stream (a signal decoder's output conv:
 audio or image synthesis, not logits)."""
@@ -39,10 +39,10 @@ def stream_ends_normed(g: StreamGraph, adds: list[ResidualAdd], residual: dict[f
         consumer = _consumer(g, a.node)
         conv_head = _is_conv_module(g.modules.get(consumer)) and bool(g.desc[g.idx[a.node]] & g.output_mask)
         for info in branch_norms.get(a.node, []):
-            info.rec.site.extra["unnormed_stream_end"] = consumer
+            info.rec.site.stream.unnormed_stream_end = consumer
             if conv_head:
-                info.rec.site.extra["stream_end_conv"] = True
-            info.rec.site.extra["stack_blocks"] = stack_size(blocks, info.block)
+                info.rec.site.stream.stream_end_conv = True
+            info.rec.site.stream.stack_blocks = stack_size(blocks, info.block)
     return ends_normed
 
 

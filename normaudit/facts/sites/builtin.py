@@ -12,7 +12,7 @@ import torch
 from torch import fx, nn
 
 from normaudit.facts.sites.record import SiteRecord
-from normaudit.report import Site, SourceLocation
+from normaudit.report import LrnArgs, Site, SourceLocation
 from normaudit.vocabulary.graph import arg, op_name, shape
 from normaudit.vocabulary.kinds import builtin_kind, norm_modules
 
@@ -31,21 +31,21 @@ def module_facts(site: Site, mod: nn.Module, in_shape: Optional[tuple[int, ...]]
         site.affine_weight = getattr(mod, "weight", None) is not None
         site.affine_bias = getattr(mod, "bias", None) is not None
         if kind == "RMSNorm" and eps is None:
-            site.extra["eps_default"] = "torch.finfo(input dtype).eps"
+            site.eps_default = "torch.finfo(input dtype).eps"
     elif kind in ("BatchNorm", "InstanceNorm"):
         site.eps = float(mod.eps)
         site.num_channels = int(mod.num_features)
         site.affine_weight = site.affine_bias = bool(mod.affine)
         site.track_running_stats = bool(mod.track_running_stats)
         site.training = bool(mod.training)
-        site.extra["momentum"] = mod.momentum
+        site.batchnorm.momentum = mod.momentum
     elif kind == "GroupNorm":
         site.eps = float(mod.eps)
         site.num_groups = int(mod.num_groups)
         site.num_channels = int(mod.num_channels)
         site.affine_weight = site.affine_bias = bool(mod.affine)
     elif kind == "LocalResponseNorm":
-        site.extra.update(size=mod.size, alpha=mod.alpha, beta=mod.beta, k=mod.k)
+        site.lrn = LrnArgs(size=mod.size, alpha=mod.alpha, beta=mod.beta, k=mod.k)
 
 
 def reduced_dims_for(kind: str, rank: int, normalized_len: int = 1) -> list[int]:
@@ -163,7 +163,7 @@ def resolve_default_eps(site: Site) -> None:
     """``nn.RMSNorm(d)`` / ``F.rms_norm(x, shape)`` with ``eps=None``: PyTorch substitutes
     ``torch.finfo(x.dtype).eps`` (torch.nn.RMSNorm docs), so the eps used depends on the input dtype
     (1.19e-07 in float32, 9.77e-04 in float16, 7.81e-03 in bfloat16). Store that effective value in
-    ``site.eps`` (CONTRACT.md) and keep ``extra["eps_default"]`` saying where it came from."""
+    ``site.eps`` (CONTRACT.md) and keep ``site.eps_default`` saying where it came from."""
     if site.kind != "RMSNorm" or site.eps is not None or site.detected_by not in ("module", "functional"):
         return
     if site.detected_by == "functional" and site.op != "rms_norm":
@@ -172,8 +172,8 @@ def resolve_default_eps(site: Site) -> None:
     if dt is None:
         return
     site.eps = float(torch.finfo(dt).eps)
-    site.extra["eps_default"] = "torch.finfo(input dtype).eps"
-    site.extra["eps_default_dtype"] = site.input_dtype
+    site.eps_default = "torch.finfo(input dtype).eps"
+    site.eps_default_dtype = site.input_dtype
 
 
 def walk_modules(modules: dict[str, nn.Module], origins: Optional[dict[int, SourceLocation]] = None) -> list[SiteRecord]:

@@ -113,7 +113,7 @@ class _Discovery:
         rec.input = strip_neutral(src)
         rec.stat = stat
         rec.site.computation = location(stat) or rec.site.computation
-        rec.site.extra["inline"] = not norm_like(rec.module_obj)
+        rec.site.inline = not norm_like(rec.module_obj)
         out, chain = extend_affine(applied, path, self.modules)
         rec.output = out
         in_sizes = sizes(rec.input)  # a data-dependent row count (h[mask]) leaves the feature sizes known

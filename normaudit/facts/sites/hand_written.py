@@ -116,7 +116,7 @@ def _pattern_hints(rec: Any, info: dict[str, Any], kind: Optional[str], form: st
     dim, the form of an Other (``gated`` or ``combined``), a sum of squares (``statistic="l2_norm"``)."""
     if info.get("statistic") == "cumulative":
         rec.hints.update(statistic="cumulative", form="cumulative")
-        rec.site.extra["cumulative_dim"] = info["cumulative_dim"]
+        rec.site.cumulative_dim = info["cumulative_dim"]
     else:
         if kind == "Other":
             rec.hints["form"] = "gated" if form == "gated" else "combined"

@@ -52,7 +52,7 @@ class CheckpointNormGroup(BaseModel):
                     affine_bias=self.weights.bias_present,
                     track_running_stats=self.weights.running_state is not None,
                     weights=self.weights,
-                    extra={"kind_guessed": self.kind_guessed, "kind_basis": self.kind_basis})
+                    kind_guessed=self.kind_guessed, kind_basis=self.kind_basis)
 
 
 def _tokens(name: str) -> set[str]:
