@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 _SECONDS = re.compile(r'"seconds":\s*-?[0-9.eE+-]+')
-_TMP = re.compile(r"/tmp/pytest-of-[^/]+/pytest-\d+/")
+_TMP = re.compile(r"/tmp/pytest-of-[^/]+/pytest-\d+/[^/\"]+/")
+#: a test's own folder below pytest's temporary root (named by the test, which a renamed test changes)
+_TMP_DIR = re.compile(r"<tmp>/[^/\"]+/")
 _ADDRESS = re.compile(r"0x[0-9a-f]{6,}")
 #: a wall time inside a note ("graph re-interpreted, 0.02 s")
 _NOTE_SECONDS = re.compile(r"\b\d+\.\d+ s\b")
@@ -40,6 +42,7 @@ def normalise(text: str, root: Path) -> str:
     the module name a model file is imported under (derived from the checkout's path)."""
     text = _SECONDS.sub('"seconds": 0', text)
     text = _TMP.sub("<tmp>/", text)
+    text = _TMP_DIR.sub("<tmp>/", text)
     text = text.replace(str(root.resolve()), "<root>")
     text = _ADDRESS.sub("0x?", text)
     text = _NOTE_SECONDS.sub("? s", text)
@@ -116,14 +119,14 @@ def _legacy(data: dict) -> None:
 
 #: ``--blank-test-lines``: line numbers in the test files themselves (models defined in a test), which move
 #: when a test file is edited; fixture files keep theirs
-_TEST_LINE = re.compile(r'("file": "<repo>/tests/test_[^"/]*\.py",\s*"line": )\d+')
-_TEST_AT = re.compile(r"(test_\w+\.py:)\d+")
+_TEST_LINE = re.compile(r'("file": "<repo>/tests/)test_[^"/]*\.py(",\s*"line": )\d+')
+_TEST_AT = re.compile(r"test_\w+\.py:\d+")
 BLANK_TEST_LINES = {"on": False}
 
 
 def _pretty(text: str) -> str:
     if BLANK_TEST_LINES["on"]:
-        text = _TEST_AT.sub(r"\1?", _TEST_LINE.sub(r"\g<1>0", text))
+        text = _TEST_AT.sub("test_?.py:?", _TEST_LINE.sub(r"\g<1>test_?.py\g<2>0", text))
     try:
         data = json.loads(text)
     except ValueError:
@@ -187,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="compare with reports that held their facts as untyped extra keys: the typed fields "
                              "are mapped back to those keys on both sides")
     parser.add_argument("--blank-test-lines", action="store_true",
-                        help="blank line numbers inside tests/test_*.py (models a test defines move with its edits)")
+                        help="blank the file names and line numbers of tests/test_*.py (models a test defines move with its "
+                             "edits and renames)")
     args = parser.parse_args(argv)
     BLANK_TEST_LINES["on"] = args.blank_test_lines
     DROPS[:] = [d.split(".") for d in args.drop]
@@ -197,8 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     reports = (sum(map(len, a.values())), sum(map(len, b.values())))
     print(f"reports: {reports[0]} before, {reports[1]} after; " + ", ".join(f"{k}: {v}" for k, v in counts.items()))
     only = sorted(set(a) ^ set(b))
-    for key in only[:20]:
-        print(f"  only {'before' if key in a else 'after'}: {key}")
+    lost = {t for k in only if k in a for t in a[k]}
+    gained = {t for k in only if k in b for t in b[k]}
+    unmatched = sorted(lost - gained)
+    if only:  # renamed tests: their reports matched by content
+        print(f"reports of keys on one side only: {len(lost)} before, {len(gained)} after; identical by content: "
+              f"{len(lost & gained)}; before without an identical report after: {len(unmatched)}")
+    for text in unmatched[:20]:
+        target = json.loads(text).get("target", {}).get("path") if text.startswith("{") else None
+        print(f"  no twin after: {target}")
     if args.keys:
         for key in sorted({p[0] for p in pairs}):
             print(f"  differs: {key}")
@@ -206,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--- {key}")
         diff = difflib.unified_diff(left.splitlines(), right.splitlines(), "before", "after", n=2, lineterm="")
         print("\n".join(list(diff)[:80]))
-    return 0 if not pairs and not only else 1
+    return 0 if not pairs and not unmatched else 1
 
 
 if __name__ == "__main__":
