@@ -5,6 +5,7 @@ The rules' fixtures (tests/fixtures/batchnorm/<ID>_<n>.py) are run by test_rule_
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,18 @@ def test_batch_probe_flags_batchnorm_and_passes_layernorm(my_rules):
     assert any(n.startswith("batch probe: 4 examples in train mode") for n in r.notes)
     # the user's model is untouched (running statistics, weights, mode)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()) and model.training
+
+
+def test_batch_probe_gives_the_same_numbers_on_every_run_and_keeps_the_callers_rng(my_rules):
+    model, inputs = Both(), (torch.randn(2, 20),)
+    runs, draws = [], []
+    for seed, probes in ((1, ["batch"]), (2, ["batch"]), (2, [])):
+        torch.manual_seed(seed)
+        runs.append(audit_model(copy.deepcopy(model), inputs, rules=my_rules, probes=probes))
+        draws.append(torch.rand(3))
+    assert site(runs[0], "bn").batch_probe.row0_max_change > 0
+    assert [s.batch_probe for s in runs[0].sites] == [s.batch_probe for s in runs[1].sites]
+    assert torch.equal(draws[1], draws[2])  # the probe drew from its own generator state
 
 
 def test_batch_probe_materialises_a_meta_model(my_rules):

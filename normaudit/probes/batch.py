@@ -236,7 +236,14 @@ def _compare(records: list, measured: dict, record_a: dict, record_b: dict) -> i
     return coupled
 
 
+#: ``torch.manual_seed`` of the probe's materialised weights and random batch: the same numbers on every run
+BATCH_PROBE_SEED = 0
+
+
 def run(ctx: Any, facts: Any) -> None:
-    """Pass ``batch-probe``: :func:`batch_probe` when ``--probe batch`` asks for it."""
+    """Pass ``batch-probe``: :func:`batch_probe` when ``--probe batch`` asks for it, under
+    :data:`BATCH_PROBE_SEED` with the caller's RNG state kept (``torch.random.fork_rng``)."""
     if "batch" in ctx.probes and ctx.cap.gm is not None and facts.records:
-        facts.notes += batch_probe(ctx, facts.records, facts.node_axes)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(BATCH_PROBE_SEED)
+            facts.notes += batch_probe(ctx, facts.records, facts.node_axes)
