@@ -664,7 +664,7 @@ class UnusedNorm(_Model):
 
 
 class StreamEnd(_Model):
-    """Where the residual stream of a pre-LN stack leaves it un-normalised (``normaudit.facts.stream_end``):
+    """Where the residual stream of a pre-LN stack leaves it un-normalised (``normaudit.facts.placement.stream_end``):
     the last site that reads the stream at a block's input (``placement`` ``pre``, ``branch_position``
     ``input``) in the branch of a stack's last residual add whose stream reaches the output or a head without a
     norm, in a stack of more than one block. ``module``/``block`` that site and its block; ``consumer`` the
@@ -693,7 +693,7 @@ class ModelFacts(_Model):
     config_source: Optional[str] = None
     #: norm modules registered (with parameters) that the forward never applies (``normaudit.facts.usage``)
     unused_norms: list[UnusedNorm] = Field(default_factory=list)
-    #: a pre-LN stream that leaves the stack un-normalised (``normaudit.facts.stream_end``), None where none does
+    #: a pre-LN stream that leaves the stack un-normalised (``normaudit.facts.placement.stream_end``), None where none does
     stream_end: Optional[StreamEnd] = None
     #: GroupNorm group counts of the configuration that do not divide the channels it declares
     #: (``normaudit.facts.batchnorm``)

@@ -18,8 +18,7 @@ from conftest import audit_model, family_rules, load_fixture_module, site
 from normaudit.capture import capture_model
 from normaudit.vocabulary.graph import op_name
 from normaudit.engine.evaluator import evaluate
-from normaudit.facts.placement import analyse
-from normaudit.facts.stream_end import stream_end
+from normaudit.facts.placement import analyse, find_stream_end
 from normaudit.facts.sites import discover_sites
 from normaudit.report import ModelFacts
 from normaudit.loaders.config import model_config
@@ -71,7 +70,7 @@ def _light_audit(model, inputs=None, rules=None, on_meta=False):
     facts = ModelFacts(class_name=type(model).__name__)
     analyse(cap, records, facts)
     sites = [r.site for r in records]
-    facts.stream_end = stream_end(sites, facts)
+    facts.stream_end = find_stream_end(sites, facts)
     findings = evaluate(list(rules.values()), sites, facts, config, "the model's own config", {})
     return SimpleNamespace(sites=sites, model=facts, findings=findings,
                            capture=SimpleNamespace(method=cap.method, complete=True))
@@ -367,7 +366,7 @@ def test_library_base_model_without_final_norm_is_info(placement_rules):
         records = discover_sites(cap)
         facts = ModelFacts(class_name=type(model).__name__)
         analyse(cap, records, facts)
-        facts.stream_end = stream_end([r.site for r in records], facts)
+        facts.stream_end = find_stream_end([r.site for r in records], facts)
         found = evaluate([placement_rules["NP101"]], [r.site for r in records], facts, {}, "config",
                          {"library_model": library})
         assert [(f.module, f.severity) for f in found] == [("layers.1", severity)], (library, found)
@@ -455,7 +454,7 @@ def test_library_signal_decoder_without_final_norm_is_info(placement_rules):
     facts = ModelFacts(class_name="Decoder")
     analyse(cap, records, facts)
     sites = [r.site for r in records]
-    facts.stream_end = stream_end(sites, facts)
+    facts.stream_end = find_stream_end(sites, facts)
     assert {s.module: s.stream.stream_end_conv for s in sites} == {"stage.0.norm": False,
                                                                            "stage.1.norm": True}
     for library, severity in ((True, "info"), (False, "warning")):

@@ -1,4 +1,4 @@
-"""The stream-end fact (``model.stream_end``, normaudit.facts.stream_end): where a pre-LN residual stream leaves
+"""The stream-end fact (``model.stream_end``, normaudit.facts.placement.stream_end): where a pre-LN residual stream leaves
 its stack un-normalised, which NP101 reads. Exact sites, blocks, consumers and the registered-but-unused final
 norm; None where the stream is closed by a norm or the stack has one block."""
 from __future__ import annotations

@@ -14,54 +14,16 @@ per stack.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
-import json
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from normaudit.capture.repeats import RepeatPlan, Stack, full_graph_nodes, full_view
+from normaudit.facts.carry import NotCarried, dump, renamer, under
 from normaudit.facts.context import FactContext, Facts
 from normaudit.facts.sites import SiteRecord
 from normaudit.probes import size as size_probe
-
-
-class NotCarried(Exception):
-    """The facts of the reduced capture cannot be carried to the whole stack: capture the full model."""
-
-
-def renamer(old: str, new: str) -> Callable[[Any], Any]:
-    """A function returning a copy of a value (a string, a pydantic model, containers of them) with the module
-    path ``old`` renamed ``new`` wherever it is a whole path or a path's prefix (``layers.2.mlp``, not
-    ``layers.20``). The copy is as deep as ``copy.deepcopy``: models and containers are rebuilt, other
-    mutable leaves deep-copied."""
-    pat = re.compile(rf"(?<![\w.]){re.escape(old)}(?![\w])")
-    from pydantic import BaseModel
-
-    def rename(v: Any) -> Any:
-        if isinstance(v, str):
-            return pat.sub(new, v) if old in v else v
-        if v is None or isinstance(v, (bool, int, float)):
-            return v
-        if isinstance(v, BaseModel):
-            return v.model_copy(update={name: rename(getattr(v, name)) for name in type(v).model_fields})
-        if isinstance(v, dict):
-            return {rename(k): rename(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return type(v)(rename(x) for x in v)
-        return copy.deepcopy(v)
-    return rename
-
-
-def under(path: Optional[str], prefix: str) -> bool:
-    """``path`` is the module ``prefix`` or lies inside it."""
-    return path is not None and (path == prefix or path.startswith(prefix + "."))
-
-
-def dump(v: Any) -> str:
-    """A pydantic value as canonical JSON text (what two blocks' facts are compared by)."""
-    return json.dumps(v.model_dump(mode="json"), sort_keys=True)
 
 
 def _references(text: str, stack: Stack) -> set[str]:

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
-from normaudit.facts import aliasing, batchnorm, eps, formula, frozen, numerics, stream_end, usage, weights
+from normaudit.facts import aliasing, axes, batchnorm, eps, formula, frozen, numerics, placement, sites, usage, weights
 from normaudit.facts.context import FactContext, Facts
-from normaudit.pipeline.graph_passes import axes, carry_placement, placement, sites
 from normaudit.probes import batch as batch_probe
 from normaudit.probes import formula_confirm as formula_probe
 from normaudit.probes import numerics as numerics_probe
@@ -38,12 +37,12 @@ class Pass:
 
 PASSES: tuple[Pass, ...] = (
     Pass("inplace-dataflow", "graph", aliasing.run_dataflow, ("graph",), ("graph",)),
-    Pass("sites", "graph", sites, ("graph", "origins"), ("records",)),
-    Pass("axes", "graph", axes, ("graph", "records", "input_axes"),
+    Pass("sites", "graph", sites.run, ("graph", "origins"), ("records",)),
+    Pass("axes", "graph", axes.run, ("graph", "records", "input_axes"),
          ("node_axes", "site.input_axes", "site.normalized_axes")),
-    Pass("placement", "graph", placement, ("graph", "records"),
+    Pass("placement", "graph", placement.run, ("graph", "records"),
          ("site.placement", "site.block", "site.stream", "model.placement", "model.parallel_residual",
-          "model.has_final_norm", "model.num_residual_adds", "model.blocks"), carry=carry_placement,
+          "model.has_final_norm", "model.num_residual_adds", "model.blocks"), carry=placement.carry,
          recomputed=("stream.majority_placement", "stream.majority_blocks")),
     Pass("aliasing", "graph", aliasing.run, ("graph", "records"), ("site.stream.inplace_alias",)),
     Pass("formula", "graph", formula.run, ("graph", "records", "site.normalized_axes"), ("site.formula",)),
@@ -63,7 +62,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("usage", "model", usage.run, ("graph", "records", "checkpoint"), ("model.unused_norms", "notes")),
     Pass("groupnorm-config", "whole_model", batchnorm.run_groupnorm_config, ("records", "config"),
          ("model.groupnorm_config",)),
-    Pass("stream-end", "whole_model", stream_end.run, ("records", "site.stream", "model.blocks", "model.unused_norms"),
+    Pass("stream-end", "whole_model", placement.run_stream_end, ("records", "site.stream", "model.blocks", "model.unused_norms"),
          ("model.stream_end",)),
     Pass("eps", "whole_model", eps.run, ("records", "config_sources", "site.formula"), ("site.eps_facts",)),
     Pass("numerics-probe", "whole_model", numerics_probe.run, ("records", "probe_model", "checkpoint"),

@@ -44,7 +44,7 @@ Example::
 """
 from normaudit.facts.axes.dims import Dim, Label, axes_text, dim_label, flat_labels
 from normaudit.facts.axes.inputs import input_labels, parse_input_axes
-from normaudit.facts.axes.labelling import label_dims, label_graph
+from normaudit.facts.axes.labelling import label_dims, label_graph, run
 
 __all__ = ["Dim", "Label", "axes_text", "dim_label", "flat_labels", "input_labels", "label_dims", "label_graph",
-           "parse_input_axes"]
+           "parse_input_axes", "run"]

@@ -8,7 +8,7 @@ from typing import Any, Optional
 from torch import fx
 
 from normaudit.capture import Capture
-from normaudit.facts.axes.dims import Label, is_unknown, tensor_unknowns, to_labels, unknown_dims
+from normaudit.facts.axes.dims import Label, axes_text, flat_labels, is_unknown, tensor_unknowns, to_labels, unknown_dims
 from normaudit.facts.axes.inputs import input_dims
 from normaudit.facts.axes.ops import raw_name
 from normaudit.facts.axes.transfer import transfer_dims
@@ -84,3 +84,20 @@ def label_graph(cap: Capture, declared_inputs: Optional[list[Label]] = None) -> 
         meta["axes"] = labs
         meta["axis_dims"] = d
     return env
+
+
+def run(ctx: Any, facts: Any) -> None:
+    """Pass ``axes``: axis labels of every graph node (``facts.node_axes``, :func:`label_graph`) and, per
+    site, the labels of its input (``input_axes``) and of the dims its statistics reduce (``normalized_axes``:
+    ``unknown`` when its input has no labels)."""
+    env = label_graph(ctx.cap, ctx.input_axes)
+    for rec in facts.records:
+        labels = env.get(rec.input) if rec.input is not None else None
+        if isinstance(labels, list):
+            rec.site.input_axes = axes_text(labels)
+            dims = rec.site.reduced_dims or []
+            picked = [labels[d] for d in dims if d < len(labels)]
+            rec.site.normalized_axes = flat_labels(picked)  # type: ignore[assignment]
+        elif rec.site.reduced_dims:
+            rec.site.normalized_axes = ["unknown"]
+    facts.node_axes = env

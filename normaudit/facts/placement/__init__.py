@@ -27,8 +27,9 @@ Per-site facts in ``Site.stream`` (:class:`normaudit.report.StreamFacts`): ``bra
 ``stack_blocks`` and ``stream_end_conv`` (:mod:`.stream_end`).
 
 Modules: :mod:`.graph` (the graph index the pass reads), :mod:`.records` (its records),
-:mod:`.residual`, :mod:`.blocks`, :mod:`.scores`, :mod:`.roles`, :mod:`.majority`, :mod:`.stream_end`,
-:mod:`.model`, and :mod:`.analysis` (:func:`analyse`, the order of the steps).
+:mod:`.residual`, :mod:`.blocks`, :mod:`.scores`, :mod:`.roles`, :mod:`.majority`, :mod:`.stream_end` (also
+the model-level ``model.stream_end``), :mod:`.model`, :mod:`.analysis` (:func:`analyse`, the order of the
+steps), and :mod:`.carry` (the model-level facts carried to elided blocks under depth-independent capture).
 
 Example::
 
@@ -44,8 +45,10 @@ Example::
     >>> [(r.site.module, r.site.placement) for r in records], facts.placement
     ([('norm1', 'pre'), ('norm2', 'pre')], 'pre')
 """
-from normaudit.facts.placement.analysis import analyse
+from normaudit.facts.placement.analysis import analyse, run
 from normaudit.facts.placement.blocks import stack_size
+from normaudit.facts.placement.carry import carry
 from normaudit.facts.placement.majority import mark_mixed
+from normaudit.facts.placement.stream_end import find_stream_end, run_stream_end
 
-__all__ = ["analyse", "mark_mixed", "stack_size"]
+__all__ = ["analyse", "carry", "find_stream_end", "mark_mixed", "run", "run_stream_end", "stack_size"]

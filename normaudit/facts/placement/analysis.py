@@ -3,6 +3,8 @@
 the model facts."""
 from __future__ import annotations
 
+from typing import Any
+
 from torch import fx
 
 from normaudit.capture import Capture
@@ -100,3 +102,8 @@ def _place_on_stream(g: StreamGraph, infos: list[SiteInfo], residual: dict[fx.No
             info.rec.site.stream.skip_from_norm = True
             if not cuts_identity(g, info, add, infos, residual):
                 info.rec.site.stream.no_identity_lost = True
+
+
+def run(ctx: Any, facts: Any) -> None:
+    """Pass ``placement``: :func:`analyse` over the graph's sites and the model facts."""
+    analyse(ctx.cap, facts.records, facts.model)

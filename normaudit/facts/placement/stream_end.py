@@ -4,10 +4,19 @@ one linear projection, or an attention pooling head whose query does not read th
 the norms in that add's branch get ``unnormed_stream_end`` in ``Site.stream`` (the module the stream reaches
 un-normalised, or ``output``), ``stack_blocks`` (how many blocks the stack has) and ``stream_end_conv`` when
 that module is a convolution computing the model output from the stream (a signal decoder's output conv:
-audio or image synthesis, not logits)."""
+audio or image synthesis, not logits).
+
+Over the whole model, :func:`find_stream_end` turns those marks into the model-level fact ``model.stream_end``
+(:class:`normaudit.report.StreamEnd`) that NP101 reads: in a pre-LN Transformer (Xiong et al. 2020, arXiv
+2002.04745) every block computes ``x + f(norm(x))``, so only the branches see normalised inputs and the
+stream itself is a growing sum of every block's output, closed by a final norm before the head. Of the marked
+norms, those that read the stream at their block's input (``branch_position`` ``input``: a norm deeper inside
+the branch, ConvNeXt style, does not make a pre-LN stack) in a stack of more than one block (a single block
+nested in a U-Net, closed by a projection, has no depth for the stream to grow with) stand for the stream's
+end; the last of them is the fact's site."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from torch import fx, nn
 
@@ -16,7 +25,7 @@ from normaudit.facts.placement.graph import POOL_OPS, StreamGraph, is_pool_modul
 from normaudit.facts.placement.records import ResidualAdd, SiteInfo, norms_by_branch
 from normaudit.facts.placement.residual import stream_reach
 from normaudit.facts.placement.scores import feeds_softmax
-from normaudit.report import Block
+from normaudit.report import Block, ModelFacts, Site, StreamEnd
 from normaudit.vocabulary.graph import op_name, owner
 
 
@@ -133,3 +142,32 @@ def _attention_pool(g: StreamGraph, attn: fx.Node, src: fx.Node, stream: fx.Node
             return False
         node = ins[0]
     return False
+
+
+def find_stream_end(sites: list[Site], model: ModelFacts) -> Optional[StreamEnd]:
+    """The :class:`~normaudit.report.StreamEnd` of a model's ``sites`` and facts (module docstring), or None
+    when no pre-LN norm reads a stream that leaves un-normalised.
+
+        >>> from normaudit.report import Site
+        >>> s = Site(module="layers.1.ln1", kind="LayerNorm", class_name="LayerNorm", detected_by="module",
+        ...          placement="pre", block="layers.1",
+        ...          stream={"unnormed_stream_end": "lm_head", "branch_position": "input", "stack_blocks": 2})
+        >>> find_stream_end([s], ModelFacts(class_name="GPT"))
+        StreamEnd(module='layers.1.ln1', block='layers.1', consumer='lm_head', output_conv=False, unused_norm=None)
+    """
+    ends = [s for s in sites if s.stream.unnormed_stream_end is not None and s.placement == "pre"
+            and s.stream.branch_position == "input" and (s.stream.stack_blocks or 0) != 1]
+    if not ends:
+        return None
+    last = ends[-1]
+    consumer = last.stream.unnormed_stream_end
+    outside = [u for u in model.unused_norms if not any(u.module.startswith(b.path + ".") for b in model.blocks)]
+    return StreamEnd(module=last.module, block=last.block, consumer=None if consumer == "output" else consumer,
+                     output_conv=last.stream.stream_end_conv,
+                     unused_norm=outside[-1].module if outside else None)
+
+
+def run_stream_end(ctx: Any, facts: Any) -> None:
+    """Pass ``stream-end``: ``model.stream_end`` over every site of the whole model (after the carry-over of
+    depth-independent capture: the stack sizes are the whole stacks')."""
+    facts.model.stream_end = find_stream_end([r.site for r in facts.records], facts.model)

@@ -34,7 +34,7 @@ Modules:
 - :mod:`.discovery`: :func:`discover_sites`, the order of the detectors and the shape facts of every record.
 """
 from normaudit.facts.sites.builtin import walk_modules
-from normaudit.facts.sites.discovery import discover_sites
+from normaudit.facts.sites.discovery import discover_sites, run
 from normaudit.facts.sites.record import SiteRecord, location
 
-__all__ = ["SiteRecord", "discover_sites", "location", "walk_modules"]
+__all__ = ["SiteRecord", "discover_sites", "location", "run", "walk_modules"]

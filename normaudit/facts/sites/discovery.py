@@ -4,7 +4,7 @@ dtype facts filled."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Optional
+from typing import Any, Optional
 
 from torch import fx
 
@@ -186,3 +186,8 @@ def _finish(records: list[SiteRecord]) -> None:
                 s.compute_dtype = "float32"
             else:
                 s.compute_dtype = s.input_dtype
+
+
+def run(ctx: Any, facts: Any) -> None:
+    """Pass ``sites``: every norm computation of the graph, one record each (:func:`discover_sites`)."""
+    facts.records = discover_sites(ctx.cap, ctx.origins)
