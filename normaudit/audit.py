@@ -309,7 +309,7 @@ def check_inputs_fit(cap: Any, inputs: Any, dtype: torch.dtype, where: str) -> N
     eagerly on fake tensors of those inputs. When that fails too (a shape that does not fit, a crash in the
     model's code), no audit can happen: raise UsageError with the cause and the user's line. Failures that
     only fake tensors have (:data:`_FAKE_LIMITS`) are left to the capture warning (NK101)."""
-    from normaudit.capture import fake_inputs
+    from normaudit.capture.fake import fake_inputs
     from normaudit.loaders.pyfile import user_error
 
     root = cap.root

@@ -192,7 +192,7 @@ def _import_modeling(model_type: str) -> None:
     quietly; nothing when transformers does not know the type or the import fails (the worker reports it)."""
     import importlib
 
-    from normaudit.loaders.hf import _quiet
+    from normaudit.quiet import quiet
 
     try:
         from transformers.models.auto import configuration_auto
@@ -203,7 +203,7 @@ def _import_modeling(model_type: str) -> None:
         old = sys.dont_write_bytecode
         sys.dont_write_bytecode = True
         try:
-            with _quiet(), contextlib.redirect_stdout(io.StringIO()):
+            with quiet("transformers"), contextlib.redirect_stdout(io.StringIO()):
                 importlib.import_module(f"transformers.models.{module}.modeling_{module.rpartition('.')[2]}")
         finally:
             sys.dont_write_bytecode = old

@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from conftest import audit_model, site
-from normaudit.capture import capture_model, integer_buffers
+from normaudit.capture import capture_model
+from normaudit.capture.constants import integer_buffers
 
 transformers = pytest.importorskip("transformers")
 

@@ -7,7 +7,9 @@ import torch
 from torch import nn
 
 from conftest import audit_model, site
-from normaudit.capture import capture_model, constant_inputs, data_dependent
+from normaudit.capture import capture_model
+from normaudit.capture.errors import data_dependent
+from normaudit.capture.fake import constant_inputs
 
 
 class _PerImageNorm(nn.Module):

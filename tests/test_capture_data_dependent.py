@@ -192,9 +192,9 @@ def test_injected_use_cache_never_collides_with_the_forwards_own():
 
 
 def test_long_errors_keep_their_end():
-    from normaudit.capture import _one_line
+    from normaudit.capture.errors import one_line
 
-    text = _one_line(TypeError(repr(nn.Sequential(*[nn.Linear(4, 4) for _ in range(20)]))
+    text = one_line(TypeError(repr(nn.Sequential(*[nn.Linear(4, 4) for _ in range(20)]))
                                + " got multiple values for keyword argument 'use_cache'"))
     assert text.startswith("TypeError: Sequential( (0): Linear(") and len(text) < 320
     assert text.endswith("got multiple values for keyword argument 'use_cache'")

@@ -4,7 +4,7 @@
 region (a function decorated with ``@torch.no_grad()``, as the DeepSeek-V3.2-style sparse-attention
 indexers of transformers' AXK2, HY-V4 and GLM-5 are) in ``wrap_with_set_grad_enabled(enabled, submod, *args)``,
 and a ``torch.autocast`` region in ``wrap_with_autocast(device, dtype, enabled, cache_enabled, submod, *args)``
-(``torch/_export/passes/replace_set_grad_with_hop_pass.py``, ``replace_autocast_with_hop_pass.py``). The ops of
+(``torch/export_graph/passes/replace_set_grad_with_hop_pass.py``, ``replace_autocast_with_hop_pass.py``). The ops of
 such a region live in a nested graph module, out of reach of every walk over ``gm.graph``: a ``nn.LayerNorm``
 called there is no site, and the region's output looks computed by one opaque node.
 

@@ -22,7 +22,14 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from normaudit.report import CaptureAttempt
+from normaudit.capture.errors import data_dependent, one_line, root_cause
+from normaudit.capture.fake import constant_inputs, fake_inputs, no_value_checks
+from normaudit.capture.methods import attempt_label, export_graph, export_retries, symbolic_trace_graph
+from normaudit.capture.record import Capture
+from normaudit.loaders.inputs import forward_kwargs, forward_params, infer_hf_inputs
+from normaudit.quiet import quiet
+from normaudit.report import CaptureAttempt, CapturedPart, UnauditedModule
+from normaudit.vocabulary.graph import module_stack
 from normaudit.vocabulary.kinds import norm_modules
 
 #: at most this many part captures are tried, and for at most this many seconds in all
@@ -76,16 +83,12 @@ def record_inputs(model: nn.Module, inputs: Any, mode: FakeTensorMode, paths: se
     args, kwargs = ((), dict(inputs)) if isinstance(inputs, dict) else (tuple(inputs), {})
     kwargs.update(extra_kwargs or {})
     try:
-        from normaudit.capture import no_value_checks
-
         with mode, torch.no_grad(), no_value_checks(), warnings.catch_warnings(), \
                 contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             model(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - the modules reached so far keep their inputs
-        from normaudit.capture import _one_line, _root_cause
-
-        error = _one_line(_root_cause(exc))
+        error = one_line(root_cause(exc))
     finally:
         for h in handles:
             h.remove()
@@ -139,8 +142,6 @@ def _integers(args: tuple, kwargs: dict) -> dict[Any, torch.Tensor]:
     """The real integer or bool tensors among recorded inputs (``cu_seqlens``, position ids, masks), by
     position or keyword: :func:`capture_one` passes them as constants when export fails on a
     data-dependent size."""
-    from normaudit.capture import constant_inputs
-
     return {**constant_inputs(args, args), **constant_inputs(kwargs, kwargs)}
 
 
@@ -190,9 +191,6 @@ def capture_one(mod: nn.Module, args: tuple, kwargs: dict, mode: FakeTensorMode,
     the module's integer ``buffers`` (:func:`normaudit.capture.integer_buffers`, paths relative to ``mod``)
     as constants, or with integer factories alone as constants (:func:`normaudit.capture.export_retries`).
     Returns a :class:`normaudit.capture.Capture` (``gm`` None when all fail)."""
-    from normaudit.capture import Capture, _export, _label, _one_line, _quiet, _root_cause, _symbolic_trace
-
-    from normaudit.capture import data_dependent, export_retries
 
     attempts: list[CaptureAttempt] = []
     modules = dict(mod.named_modules())
@@ -204,16 +202,16 @@ def capture_one(mod: nn.Module, args: tuple, kwargs: dict, mode: FakeTensorMode,
         if lift and not guarded:
             continue
         t0 = time.perf_counter()
-        label = _label(method, consts, consts_buffers, lift)
+        label = attempt_label(method, consts, consts_buffers, lift)
         try:
-            with _quiet():
+            with quiet(stderr=True):
                 if method == "symbolic_trace":
-                    gm, user = _symbolic_trace(mod, args, mode)
+                    gm, user = symbolic_trace_graph(mod, args, mode)
                 else:
-                    gm, user = _export(mod, args, mode, kwargs=kwargs, fixed=consts, buffers=consts_buffers,
+                    gm, user = export_graph(mod, args, mode, kwargs=kwargs, fixed=consts, buffers=consts_buffers,
                                        lift=lift)
         except Exception as exc:  # noqa: BLE001
-            error = _one_line(_root_cause(exc))
+            error = one_line(root_cause(exc))
             attempts.append(CaptureAttempt(method=label, ok=False, error=error,
                                            seconds=round(time.perf_counter() - t0, 3)))
             guarded = guarded or (method == "export" and not lift and data_dependent(error))
@@ -344,8 +342,6 @@ def reached_modules(cap: Any) -> set[str]:
 def reached_paths(gm: Any, modules: dict[str, nn.Module]) -> set[str]:
     """Paths of every module of ``modules`` some node of the graph module ``gm`` was computed in (its
     ``nn_module_stack``, or the ``call_module`` target)."""
-    from normaudit.vocabulary.graph import module_stack
-
     out: set[str] = set()
     for node in gm.graph.nodes:
         if node.op in ("call_module", "call_function", "call_method"):
@@ -399,8 +395,6 @@ def _capture_submodel(cap: Any, path: str, mod: nn.Module, mode: FakeTensorMode,
     ``norms`` (:func:`capture_submodels`); ``within``: the parts already captured inside it and every norm
     module path of the model. Returns [] when neither captures, or when its graph misses a norm module the
     parts inside it reached."""
-    from normaudit.capture import constant_inputs, fake_inputs
-    from normaudit.loaders.inputs import forward_kwargs, forward_params
 
     parts, every = within
     built = own_inputs(mod)
@@ -433,8 +427,6 @@ def own_inputs(mod: nn.Module) -> Optional[dict[str, torch.Tensor]]:
     flattened rows, ...) with a forward on the meta device only, so a model whose tensors are fake gets meta
     ones of the same shapes and dtypes meanwhile (restored after); a candidate's meta forward that meets a
     tensor kept elsewhere (a plain attribute) fails, and then the first candidates are used. Never raises."""
-    from normaudit.loaders.inputs import infer_hf_inputs
-
     tables = [(m._parameters, True) for m in mod.modules()] + [(m._buffers, False) for m in mod.modules()]
     saved = [(tab, dict(tab)) for tab, _ in tables]
     try:
@@ -479,8 +471,6 @@ def coverage(cap: Any, sites: list) -> tuple[list, list]:
     whole-model graph it was never called by the forward on the inputs used (a vision or speech tower of a
     multimodal model given text only, an unused norm); without one, it lies in no captured part.
     """
-    from normaudit.report import CapturedPart, UnauditedModule
-
     parts = [CapturedPart(module=p.path, class_name=type(p.capture.root).__name__,
                           method=p.capture.method + (OWN_INPUTS if p.own_inputs and cap.gm is None else ""),
                           inputs=p.inputs, sites=sum(_under(s.module, p.path) and s.detected_by != "module_walk"

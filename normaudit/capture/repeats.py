@@ -31,6 +31,11 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from normaudit.capture.fake import fake_inputs
+from normaudit.loaders.inputs import forward_kwargs, forward_params
+from normaudit.quiet import quiet
+from normaudit.vocabulary.graph import owner
+
 #: a stack needs at least this many blocks for elision to pay (blocks 0, 1, 2 and N-1 are kept)
 MIN_BLOCKS = 6
 #: integer attributes that number a block within its stack (the KV-cache slot of Hugging Face attention);
@@ -218,7 +223,6 @@ def _shapes(v: Any) -> Any:
 
 def check_reduced(plan: RepeatPlan, cap: Any, inputs: Any, dtype: torch.dtype) -> bool:
     """Module docstring, step 3, on the captured (fake-tensor) reduced model ``cap.root``. Never raises."""
-    from normaudit.capture import fake_inputs
 
     root = cap.root
     tensor = next(iter(list(root.parameters()) + list(root.buffers())), None)
@@ -236,8 +240,6 @@ def check_reduced(plan: RepeatPlan, cap: Any, inputs: Any, dtype: torch.dtype) -
                 calls.append((path, _shapes((args, kwargs)), _shapes(out)))
             handles.append(modules[path].register_forward_hook(hook, with_kwargs=True))
     try:
-        from normaudit.loaders.inputs import forward_kwargs, forward_params
-
         args = fake_inputs(inputs, mode, dtype)
         kwargs = dict(args) if isinstance(args, dict) else {}
         args = () if isinstance(args, dict) else tuple(args)
@@ -245,9 +247,8 @@ def check_reduced(plan: RepeatPlan, cap: Any, inputs: Any, dtype: torch.dtype) -
             kwargs.setdefault(key, value)
         if getattr(getattr(root, "config", None), "use_cache", None) is not None:
             kwargs.setdefault("use_cache", False)
-        from normaudit.capture import _quiet
 
-        with _quiet(), mode, torch.no_grad(), _index_reads(plan, modules) as index_reads:
+        with quiet(stderr=True), mode, torch.no_grad(), _index_reads(plan, modules) as index_reads:
             root(*args, **kwargs)
     except Exception:  # noqa: BLE001 - any doubt: the full capture
         return False
@@ -319,7 +320,6 @@ def _under(path: Optional[str], prefix: str) -> bool:
 def _block_nodes(gm: Any, modules: dict, prefix: str) -> int:
     """Nodes of ``gm`` that belong to the block at ``prefix``: operations computed in it and the placeholders
     (export) or attribute reads (symbolic trace) of its parameters and buffers."""
-    from normaudit.vocabulary.graph import owner
 
     # export names a lifted parameter ``p_<path>`` (``p_m_<path>`` under the capture's wrapper), a buffer ``b_``
     lifted = re.compile(rf"^[pbc]_(?:m_)?{re.escape(prefix.replace('.', '_'))}_")

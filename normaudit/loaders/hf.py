@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
-import logging
 import os
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
 from normaudit.errors import UsageError
 from normaudit.loaders.safe_read import loads_json, read_regular, require_regular_file
+from normaudit.quiet import quiet
 
 #: Weight files of a Hugging Face style directory (recorded, not read).
 WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json",
@@ -144,7 +142,7 @@ def _transformers():
     UsageError when it is not installed."""
     set_offline()
     try:
-        with _quiet():
+        with quiet("transformers"):
             import transformers
     except ImportError as err:
         raise UsageError("Hugging Face targets need the 'transformers' package: pip install 'normaudit[hf]'") from err
@@ -186,20 +184,6 @@ def share_models_scan(transformers) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def _quiet():
-    """Silence transformers' advisory warnings and logs (they would clutter stderr)."""
-    logger = logging.getLogger("transformers")
-    old = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(old)
-
-
 def _config(transformers, path: Path, config_file: Path, data: dict[str, Any], notes: list[str]):
     """The transformers config object for ``data`` (read from ``config_file``; a directory ``path`` is read
     by transformers itself unless ``data`` was changed); custom code is never imported."""
@@ -222,7 +206,7 @@ def _config(transformers, path: Path, config_file: Path, data: dict[str, Any], n
         notes.append(f"the config names custom model code (auto_map), which normaudit never runs: audited with "
                      f"transformers' built-in {model_type!r} classes, which may differ from the custom code")
     try:
-        with _quiet():
+        with quiet("transformers"):
             if is_dir and not custom:
                 return transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
             rest = {k: v for k, v in data.items() if k not in ("model_type", "auto_map", "trust_remote_code")}
@@ -288,7 +272,7 @@ def _build(transformers, config, attention: Any, config_file: str, notes: list[s
         for i, kernel in enumerate(tries):
             kwargs = {"attn_implementation": kernel} if kernel else {}
             try:
-                with _quiet(), contextlib.redirect_stdout(io.StringIO()), torch.device("meta"), meta_init_skipped():
+                with quiet("transformers"), contextlib.redirect_stdout(io.StringIO()), torch.device("meta"), meta_init_skipped():
                     if cls is transformers.AutoModel:
                         model = cls.from_config(config, **kwargs)
                     else:

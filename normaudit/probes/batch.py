@@ -20,7 +20,8 @@ import torch
 
 from normaudit.capture import Capture
 from normaudit.probes.common import axis_dims as _axis_dims, call_model as _call, first_tensor as _first_tensor
-from normaudit.probes.common import materialise, one_line as _one_line, out_tensor as _out_tensor, quiet as _quiet
+from normaudit.probes.common import materialise, one_line as _one_line, out_tensor as _out_tensor
+from normaudit.quiet import quiet
 from normaudit.report import BatchProbe
 
 BATCH_PROBE_MAX_PARAMS = 50_000_000
@@ -195,7 +196,7 @@ def _run_pair(real: torch.nn.Module, xa: Any, xb: Any, measured: dict, modules: 
     buffers = {k: v.detach().clone() for k, v in real.state_dict(keep_vars=True).items()}
     rng = torch.random.get_rng_state()
     try:
-        with torch.no_grad(), _quiet():
+        with torch.no_grad(), quiet():
             torch.manual_seed(0)
             _call(real, xa)
             real.load_state_dict(buffers, strict=False)

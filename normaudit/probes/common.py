@@ -2,7 +2,6 @@
 example inputs, one-line error text, quiet runs."""
 from __future__ import annotations
 
-import contextlib
 import copy
 import itertools
 from typing import Any, Optional
@@ -32,23 +31,6 @@ def one_line(exc: BaseException) -> str:
     if len(text) > 240:
         text = text[:237] + "..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-@contextlib.contextmanager
-def quiet():
-    """Silence torch's logger (below ERROR) and Python warnings for the duration of a probe run."""
-    import logging
-    import warnings
-
-    logger = logging.getLogger("torch")
-    old = logger.level
-    logger.setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            yield
-        finally:
-            logger.setLevel(old)
 
 
 def materialise(model: nn.Module, seed: int = 0) -> nn.Module:

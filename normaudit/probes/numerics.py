@@ -44,7 +44,8 @@ from torch import nn
 from normaudit.errors import UsageError
 from normaudit.facts.numerics import DTYPE_MAX, bound_from_values
 from normaudit.phases import phase
-from normaudit.probes.common import call_model, materialise, one_line, out_tensor, quiet
+from normaudit.probes.common import call_model, materialise, one_line, out_tensor
+from normaudit.quiet import quiet
 from normaudit.report import ModuleNumerics, NumericsReport, SiteNumerics, TensorStats
 
 #: ``--max-params`` default: models above it are refused by ``--probe numerics`` (exit 2)

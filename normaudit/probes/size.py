@@ -21,10 +21,12 @@ from typing import Any, Optional
 import torch
 from torch import fx, nn
 
-from normaudit.capture import Capture, fake_inputs
+from normaudit.capture import Capture
+from normaudit.capture.fake import fake_inputs
 from normaudit.vocabulary.graph import owner, shape
 from normaudit.probes.common import axis_dims as _axis_dims
-from normaudit.probes.common import one_line as _one_line, quiet as _quiet
+from normaudit.probes.common import one_line as _one_line
+from normaudit.quiet import quiet
 from normaudit.report import SizeProbe
 
 SIZE_PROBE_MAX_NODES = 1500
@@ -398,7 +400,7 @@ def size_probe(ctx: Any, records: list) -> list[str]:
     try:
         mode = _fake_mode(cap.root)
         new_real = resized_inputs(ctx.inputs, list(cap.user_inputs), plan)
-        with _mode_of(cap.root, cap.eval_fallback), _quiet():
+        with _mode_of(cap.root, cap.eval_fallback), quiet():
             new_fake = fake_inputs(new_real, mode, dtype)
             with mode:
                 if cap.method == "symbolic_trace" and not isinstance(new_fake, dict):
