@@ -1,4 +1,4 @@
-"""Depth-independent capture (issue 14 item 1): audit time and peak RSS against depth.
+"""Depth-independent capture: audit time and peak RSS against depth.
 
     nice -n 10 python benchmarks/bench_depth.py [--only 70b]
 

@@ -6,7 +6,7 @@ Both run in fresh subprocesses of this one run, so the ratio is measured on the 
 
 Prints wall time and peak RSS of (a) the full ``normaudit`` CLI on a generated model file (meta device,
 fake tensors, every fact pass and rule) and (b) building the same model on meta plus ``torch.export`` on
-fake tensors, and the ratio a/b. Targets (issue 2): (a) under 15 s and 1.5 GB peak RSS on 2 cores.
+fake tensors, and the ratio a/b. Targets: (a) under 15 s and 1.5 GB peak RSS on 2 cores.
 """
 from __future__ import annotations
 

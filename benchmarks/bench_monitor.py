@@ -1,4 +1,4 @@
-"""Overhead of ``normaudit.monitor()`` on a training step of a small GPT on CPU (issue 13).
+"""Overhead of ``normaudit.monitor()`` on a training step of a small GPT on CPU.
 
 Runs plain and monitored training steps of one model alternately in the same process (so both see the same
 machine load) and prints the median step time of each, wall and process CPU time (CPU time is the steadier

@@ -1,4 +1,4 @@
-"""Speed of the command line (issue 14, items 1-5), in one run, as ratios measured on the same machine and load:
+"""Speed of the command line, in one run, as ratios measured on the same machine and load:
 
     python benchmarks/bench_speed.py [--repeat 3] [--no-ray] [--no-depth] [--no-full] [--cli-only]
 

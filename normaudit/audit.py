@@ -29,7 +29,7 @@ from normaudit.loaders import ModelUnderAudit, load_model
 from normaudit.loaders.inputs import infer_inputs
 from normaudit.phases import phase
 from normaudit.pipeline import collect_facts
-from normaudit.options import AuditOptions, exit_status  # noqa: F401 - torch-free home (issue 14); imported from here too
+from normaudit.options import AuditOptions
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

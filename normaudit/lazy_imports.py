@@ -1,5 +1,5 @@
 """Deferred imports of optional heavy libraries that transformers imports at start-up and an audit never uses
-(issue 14: boto3, scipy.optimize, trio): each module of :data:`DEFERRED` is put in :data:`sys.modules` as a lazy module, and runs on the
+(boto3, scipy.optimize, trio: seconds of start-up in every audit): each module of :data:`DEFERRED` is put in :data:`sys.modules` as a lazy module, and runs on the
 first use of one of its attributes, as :class:`importlib.util.LazyLoader` does.
 
 Why not ``LazyLoader`` alone: on Python 3.11 a plain ``import boto3`` of a module already in ``sys.modules``
@@ -39,7 +39,7 @@ class Deferred:
     reason: str = ""
 
 
-#: The optional heavy imports deferred in normaudit's process (figures: py-spy of the 70B-config audit, issue 14).
+#: The optional heavy imports deferred in normaudit's process (figures: py-spy of the 70B-config audit).
 DEFERRED: tuple[Deferred, ...] = (
     Deferred("boto3", (), "accelerate/commands/config/sagemaker.py does `import boto3` at import (reached from "
              "transformers' configuration modules through integrations/accelerate) and uses it only inside "

@@ -26,7 +26,7 @@ ROOT_LABEL = "(root)"
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use: start-up (issue 14)
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use: a command that never builds a report skips it
 
 
 class SourceLocation(_Model):

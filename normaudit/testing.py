@@ -61,7 +61,8 @@ def assert_norms_ok(model: Union[nn.Module, Callable[[], nn.Module]], example_in
     ``fail_on`` is ``error``, ``warning``, ``info`` or ``never``. Returns the report when the check passes.
     Bad input (e.g. an unknown dtype) raises :class:`normaudit.errors.UsageError`.
     """
-    from normaudit.audit import DTYPES, AuditOptions, build_report, exit_status
+    from normaudit.audit import DTYPES, AuditOptions, build_report
+    from normaudit.options import exit_status
     from normaudit.errors import UsageError
     from normaudit.loaders import ModelUnderAudit
 

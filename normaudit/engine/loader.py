@@ -115,7 +115,7 @@ def load_rules_listed(extra_dirs: Iterable[str | Path] = (), memo: Any = None) -
     """The rules by id for commands that only print them (``normaudit rules``, ``explain``): when ``memo`` (a
     :class:`normaudit.cache.ValidationMemo`) holds these very files (names and contents) validated by this
     very code, records with the fields of :class:`~normaudit.engine.schema.Rule` read from it without
-    pydantic, YAML or the rule compiler (issue 14: start-up under 0.5 s); else :func:`load_rules` (which
+    pydantic, YAML or the rule compiler (those two commands start in under 0.5 s); else :func:`load_rules` (which
     raises UsageError for a bad file) and the memo records the result."""
     if memo is None:
         return load_rules(extra_dirs)

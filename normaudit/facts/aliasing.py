@@ -1,4 +1,4 @@
-"""In-place norms that overwrite the caller's tensor (issue 15, item 2).
+"""In-place norms that overwrite the caller's tensor.
 
 ``x = x.float(); x.mul_(torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))`` inside a norm's ``forward``
 copies nothing when ``x`` already is float32: ``.float()`` returns the same tensor, so ``mul_`` overwrites the

@@ -1,4 +1,4 @@
-"""Frozen BatchNorms that ``model.train()`` unfreezes (issue 15 item 4): ``site.freeze``.
+"""Frozen BatchNorms that ``model.train()`` unfreezes: ``site.freeze``.
 
 Fine-tuning a detector or segmenter on small batches, one freezes the backbone's BatchNorms: their ``weight``
 and ``bias`` get ``requires_grad=False`` and the modules are put in ``eval()`` once. ``requires_grad`` only

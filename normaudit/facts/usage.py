@@ -1,4 +1,4 @@
-"""Norm modules registered but never applied (issue 15 item 1): ``model.unused_norms``.
+"""Norm modules registered but never applied: ``model.unused_norms``.
 
 A port that drops a norm from ``forward`` keeps the module, and its trained weights load without a complaint:
 CLIP's ``post_layernorm`` skipped in a re-implementation, nanoGPT's ``ln_f`` left out of ``GPT.forward``. The

@@ -1,7 +1,7 @@
 """``normaudit.monitor(model)``: the layer and the step where inf/NaN first appears during training.
 
-The training half of issue 13 (item 4 of the LayerNorm/mixed-precision triage list: *record the layer and the
-step where NaN first appears*). A :class:`Monitor` puts hooks on the model's modules and, on each sampled step,
+The training half of the mixed-precision triage every debugging guide ends with: *record the layer and the
+step where NaN first appears*. A :class:`Monitor` puts hooks on the model's modules and, on each sampled step,
 records
 
 - in **forward**, the *producer*: the first module (in the order modules finish) whose output holds a
