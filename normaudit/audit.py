@@ -30,8 +30,8 @@ from normaudit.loaders.inputs import infer_inputs
 from normaudit.phases import phase
 from normaudit.pipeline import collect_facts
 from normaudit.options import AuditOptions
+from normaudit.vocabulary.dtypes import AUDIT_DTYPES, torch_dtype
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def _selected(rule: Rule, select: list[str], ignore: list[str]) -> bool:
@@ -200,7 +200,7 @@ def _numerics_notes(section: Any) -> list[str]:
 def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule], ckpt: Any) -> Report:
     """The audit of a model target in named steps: inputs, config, capture and facts (:func:`_capture_facts`),
     the numerics probe, the rules, then the report's capture info, notes and summary."""
-    dtype = DTYPES[opts.dtype]
+    dtype = torch_dtype(opts.dtype)
     inputs, assumed = _inputs_of(opts, mua)
     cfg = _config_in_force(opts, mua, ckpt)
     declared = parse_input_axes(opts.input_axes, inputs) if opts.input_axes else None
@@ -429,7 +429,7 @@ def run_audit(opts: AuditOptions, rules: Optional[dict[str, Rule]] = None) -> Re
 
     The target's import folders (:func:`~normaudit.loaders.pyfile.target_search_paths`) stay on ``sys.path``
     for the whole audit, so imports inside ``build_model()``, ``example_inputs()`` or ``forward`` work."""
-    if opts.dtype not in DTYPES:
+    if opts.dtype not in AUDIT_DTYPES:
         raise UsageError(f"unknown dtype {opts.dtype!r}; use float32, float16 or bfloat16")
     from normaudit.loaders.pyfile import on_sys_path, target_search_paths
 

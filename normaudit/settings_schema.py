@@ -14,7 +14,9 @@ from typing import Literal, Optional, Union
 from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, PrivateAttr, StrictBool, StrictInt,
                       StrictStr, field_validator)
 
-Dtype = Literal["float32", "float16", "bfloat16"]
+from normaudit.vocabulary.dtypes import AUDIT_DTYPES
+
+Dtype = Literal[AUDIT_DTYPES]  # type: ignore[valid-type]
 FailOn = Literal["error", "warning", "info", "never"]
 
 

@@ -61,14 +61,15 @@ def assert_norms_ok(model: Union[nn.Module, Callable[[], nn.Module]], example_in
     ``fail_on`` is ``error``, ``warning``, ``info`` or ``never``. Returns the report when the check passes.
     Bad input (e.g. an unknown dtype) raises :class:`normaudit.errors.UsageError`.
     """
-    from normaudit.audit import DTYPES, AuditOptions, build_report
+    from normaudit.audit import AuditOptions, build_report
     from normaudit.options import exit_status
+    from normaudit.vocabulary.dtypes import AUDIT_DTYPES
     from normaudit.errors import UsageError
     from normaudit.loaders import ModelUnderAudit
 
     if fail_on not in ("error", "warning", "info", "never"):
         raise UsageError(f"fail_on must be error, warning, info or never, not {fail_on!r}")
-    if dtype not in DTYPES:
+    if dtype not in AUDIT_DTYPES:
         raise UsageError(f"unknown dtype {dtype!r}; use float32, float16 or bfloat16")
     origins: dict = {}
     if not isinstance(model, nn.Module):

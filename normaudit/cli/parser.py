@@ -6,6 +6,7 @@ import argparse
 
 from normaudit import __version__
 from normaudit.arguments import CommandParser
+from normaudit.vocabulary.dtypes import AUDIT_DTYPES
 
 
 FORMATS = ["text", "concise", "json", "sarif", "github", "markdown"]
@@ -66,7 +67,7 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="the configuration the model is meant to follow (JSON or YAML)")
     p.add_argument("--checkpoint", help="weights to audit together with the model (one target only; several "
                    "targets each take theirs from 'checkpoint' in the settings' targets)")
-    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"],
+    p.add_argument("--dtype", choices=list(AUDIT_DTYPES),
                    help="the precision the model will train or run in (default float32)")
     p.add_argument("--batch-size", type=_positive_int, help="the per-device training micro-batch")
 

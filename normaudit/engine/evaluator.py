@@ -30,9 +30,7 @@ from simpleeval import EvalWithCompoundTypes
 from normaudit.engine.schema import Rule
 from normaudit.errors import UsageError
 from normaudit.report import Finding, ModelFacts, Site, SEVERITY_RANK
-
-_HALF = {"float16": (2.0 ** -24, 2.0 ** -10), "bfloat16": (2.0 ** -133, 2.0 ** -7), "float32": (2.0 ** -149, 2.0 ** -23)}
-
+from normaudit.vocabulary.dtypes import AUDIT_DTYPES, DTYPES
 
 def first_key(mapping: Any, keys: Iterable[str]) -> Optional[tuple[str, Any]]:
     """The first of ``keys`` present in ``mapping`` (searching nested dicts too) as ``(key, value)``."""
@@ -57,14 +55,14 @@ def lookup(mapping: Any, key: str, default: Any = None) -> Any:
 def fp_rounds_to_zero(value: Optional[float], dtype: str) -> bool:
     """True when ``value`` (> 0) rounds to 0 when stored in ``dtype`` (IEEE 754 round-to-nearest:
     below half the smallest subnormal, 2**-25 for float16, 2**-134 for bfloat16)."""
-    if value is None or value <= 0 or dtype not in _HALF:
+    if value is None or value <= 0 or dtype not in AUDIT_DTYPES:
         return False
-    return value < _HALF[dtype][0] / 2
+    return value < DTYPES[dtype].smallest_subnormal / 2
 
 
 def finfo_eps(dtype: str) -> float:
     """Machine epsilon of a floating dtype name (``torch.finfo(dtype).eps``)."""
-    return _HALF.get(dtype, _HALF["float32"])[1]
+    return DTYPES[dtype if dtype in AUDIT_DTYPES else "float32"].eps
 
 
 FUNCTIONS = {

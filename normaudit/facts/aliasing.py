@@ -55,6 +55,7 @@ from torch import fx
 
 from normaudit.report import InplaceAlias
 from normaudit.vocabulary.graph import dtype, op_name, owner
+from normaudit.vocabulary.dtypes import AUDIT_DTYPES, dtype_name
 
 #: in-place methods that only change flags or metadata, not values
 _NOT_VALUES = {"requires_grad_", "retain_grad", "share_memory_", "resize_", "resize_as_", "set_",
@@ -69,7 +70,6 @@ _METADATA = {"size", "dim", "numel", "stride", "getattr", "is_contiguous", "elem
              "_assert_tensor_metadata", "sym_size", "sym_stride", "sym_numel"}
 #: torch.export's placeholder prefixes for parameters, buffers and lifted constants (not activations)
 _STATE_PREFIXES = ("p_", "b_", "c_")
-_FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 #: ``x *= y`` and friends: in place on a tensor (fx rebinds ``x`` to the result, the caller's alias is not)
 _PY_INPLACE = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.ipow,
                operator.imod, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift}
@@ -335,9 +335,9 @@ def _line(node: fx.Node) -> Optional[dict]:
 
 
 def _alias_dtypes(casts: list[fx.Node]) -> list[str]:
-    targets = {str(dtype(c)).replace("torch.", "") for c in casts if dtype(c) is not None}
+    targets = {dtype_name(dtype(c)) for c in casts if dtype(c) is not None}
     if not casts:
-        return list(_FLOAT_DTYPES)
+        return list(AUDIT_DTYPES)
     return sorted(targets) if len(targets) == 1 else []
 
 

@@ -55,6 +55,7 @@ from normaudit.vocabulary.graph import dtype as node_dtype
 from normaudit.vocabulary.graph import NEUTRAL_OPS, op_name, scalar_operand, strip_neutral
 from normaudit.facts.constructor import builds_elsewhere, constructor_eps, constructor_literal_eps
 from normaudit.report import ConfigEps, EpsFacts, Site
+from normaudit.vocabulary.dtypes import DTYPES, HALF_DTYPES, dtype_name, torch_dtype
 
 __all__ = ["EPS_KEYS", "GENERIC_EPS_KEYS", "ConfigSource", "find_eps_key", "find_generic_eps", "all_values",
            "eps_dtype_of", "rounded", "declared_eps", "assign_peers", "analyse", "statistic_of", "reaches_output"]
@@ -76,8 +77,6 @@ UNSPECIFIC_EPS_KEYS = ("norm_eps", "norm_epsilon")
 #: keys naming the eps of "the norms" of a model without saying which kind; read at the top level only
 GENERIC_EPS_KEYS = ("eps", "epsilon")
 _GENERIC_KINDS = ("LayerNorm", "RMSNorm")
-_FLOAT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-                 "float64": torch.float64}
 _REL_TOL = 1e-6
 
 
@@ -136,15 +135,14 @@ def all_values(data: Any, key: Optional[str], depth: int = 0) -> list[float]:
 
 def rounded(value: float, dtype: str) -> Optional[float]:
     """``value`` stored in the floating dtype named ``dtype`` (None for a non-float dtype)."""
-    dt = _FLOAT_DTYPES.get(dtype)
-    return None if dt is None else float(torch.tensor(value, dtype=torch.float64).to(dt))
+    return None if dtype not in DTYPES else float(torch.tensor(value, dtype=torch.float64).to(torch_dtype(dtype)))
 
 
 def _effective(site: Site) -> Optional[float]:
     if site.eps is not None:
         return float(site.eps)
-    if site.kind == "RMSNorm" and site.detected_by in ("module", "functional") and site.input_dtype in _FLOAT_DTYPES:
-        return float(torch.finfo(_FLOAT_DTYPES[site.input_dtype]).eps)
+    if site.kind == "RMSNorm" and site.detected_by in ("module", "functional") and site.input_dtype in DTYPES:
+        return DTYPES[site.input_dtype].eps
     return None
 
 
@@ -176,14 +174,14 @@ def eps_dtype_of(site: Site, nodes: Optional[set]) -> tuple[Optional[str], Optio
     f = site.formula
     if f is not None and f.eps_dtype:
         return f.eps_dtype, "formula"
-    if site.detected_by in ("module", "functional") and site.input_dtype in _FLOAT_DTYPES:
-        acc = "float32" if site.input_dtype in ("float16", "bfloat16") else site.input_dtype
+    if site.detected_by in ("module", "functional") and site.input_dtype in DTYPES:
+        acc = "float32" if site.input_dtype in HALF_DTYPES else site.input_dtype
         return acc, "fused kernel (accumulates in float32 for half input)"
     if nodes:
         node = _graph_eps_node(nodes)
         dt = node_dtype(node) if node is not None else None
         if dt is not None:
-            return str(dt).replace("torch.", ""), "dtype of the + eps node"
+            return dtype_name(dt), "dtype of the + eps node"
     if site.compute_dtype:
         return site.compute_dtype, "compute dtype of the hand-written statistics"
     return None, None

@@ -46,8 +46,8 @@ from normaudit.vocabulary.graph import NEUTRAL_OPS, dtype, op_name, owner, reduc
 from normaudit.facts.formula_text import formula_text, special_text
 from normaudit.facts.sites import SiteRecord
 from normaudit.report import Formula
+from normaudit.vocabulary.dtypes import HALF_DTYPES as HALF, dtype_name
 
-HALF = ("float16", "bfloat16")
 FUSED_KINDS = ("LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm", "InstanceNorm")
 # ops a parameter passes through on its way to the gain multiply (casts, views, broadcasting)
 _PARAM_PATH = NEUTRAL_OPS + ("view", "unsqueeze", "expand", "expand_as", "getitem", "reshape", "squeeze",
@@ -55,8 +55,7 @@ _PARAM_PATH = NEUTRAL_OPS + ("view", "unsqueeze", "expand", "expand_as", "getite
 _CAST_DTYPES = {"float": torch.float32, "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def _dt(d: Optional[torch.dtype]) -> Optional[str]:
-    return str(d).replace("torch.", "") if d is not None else None
+_dt = dtype_name
 
 
 # ------------------------------------------------------------------------------------------- graph facts
@@ -347,9 +346,6 @@ def _entry_dtype(stat: fx.Node, within: Optional[set]) -> Optional[str]:
                 continue
             frontier.append(a)
     return None
-
-
-_WIDTH = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 
 def _is_cast(node: fx.Node, prev: fx.Node) -> bool:

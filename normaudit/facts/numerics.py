@@ -23,9 +23,11 @@ import math
 from typing import Any, Optional
 
 from normaudit.report import Site, SiteNumerics
+from normaudit.vocabulary.dtypes import AUDIT_DTYPES, DTYPES
 
 #: largest finite value per dtype name (``torch.finfo(dtype).max``; IEEE 754 binary16 65504)
-DTYPE_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
+#: the largest finite value of each audited dtype
+DTYPE_MAX = {name: DTYPES[name].max for name in AUDIT_DTYPES}
 BOUNDED_KINDS = ("LayerNorm", "RMSNorm")
 BIAS_LEAVES = ("bias", "beta", "b", "b_2", "shift")
 

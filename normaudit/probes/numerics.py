@@ -47,6 +47,7 @@ from normaudit.phases import phase
 from normaudit.probes.common import call_model, materialise, one_line, out_tensor
 from normaudit.quiet import quiet
 from normaudit.report import ModuleNumerics, NumericsReport, SiteNumerics, TensorStats
+from normaudit.vocabulary.dtypes import torch_dtype
 
 #: ``--max-params`` default: models above it are refused by ``--probe numerics`` (exit 2)
 DEFAULT_MAX_PARAMS = 1_000_000_000
@@ -59,7 +60,6 @@ MAX_PROPAGATORS = 50
 #: runs give the same numbers; the caller's RNG state is restored after (``torch.random.fork_rng``)
 NUMERICS_SEED = 0
 _ROWS_KEPT = 1 << 20
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _FUSED = {"layer_norm", "rms_norm", "group_norm", "batch_norm", "instance_norm"}
 
 
@@ -509,7 +509,7 @@ def numerics_probe(ctx: Any, records: list, build_fn: Any = None, where: Optiona
     autocast = autocast and dtype_name != "float32"
     report = NumericsReport(dtype=dtype_name, device=str(device), weights="checkpoint" if ckpt else "random",
                             backward=backward, autocast=autocast)
-    cast = torch.float32 if autocast else DTYPES[dtype_name]
+    cast = torch.float32 if autocast else torch_dtype(dtype_name)
     if ctx.probe_model is None or ctx.inputs is None:
         report.error = "no model or example inputs to run"
         return report
@@ -557,7 +557,7 @@ def _seeded_probe(ctx: Any, records: list, build_fn: Any, where: Optional[str], 
         _model_bounds(model, records, dtype_name)
     rec = Recorder(model, [r.site for r in records], dtype_name)
     try:
-        amp = torch.autocast(device.type, dtype=DTYPES[dtype_name]) if autocast else contextlib.nullcontext()
+        amp = torch.autocast(device.type, dtype=torch_dtype(dtype_name)) if autocast else contextlib.nullcontext()
         out, report.loss = _run(model, _cast_inputs(inputs, cast, device), rec, report.backward, amp)
         report.output = tensor_stats(_leaves(out))
     except Exception as exc:  # noqa: BLE001

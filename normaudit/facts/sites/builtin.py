@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import torch
 from torch import fx, nn
 
 from normaudit.facts.sites.record import SiteRecord
 from normaudit.report import LrnArgs, Site, SourceLocation
 from normaudit.vocabulary.graph import arg, op_name, shape
 from normaudit.vocabulary.kinds import builtin_kind, norm_modules
+from normaudit.vocabulary.dtypes import DTYPES
 
 
 def _is_aten(node: fx.Node) -> bool:
@@ -155,10 +155,6 @@ def functional_facts(site: Site, node: fx.Node, name: str) -> None:
     site.affine_bias = b is not None
 
 
-_FLOAT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-                 "float64": torch.float64}
-
-
 def resolve_default_eps(site: Site) -> None:
     """``nn.RMSNorm(d)`` / ``F.rms_norm(x, shape)`` with ``eps=None``: PyTorch substitutes
     ``torch.finfo(x.dtype).eps`` (torch.nn.RMSNorm docs), so the eps used depends on the input dtype
@@ -168,10 +164,9 @@ def resolve_default_eps(site: Site) -> None:
         return
     if site.detected_by == "functional" and site.op != "rms_norm":
         return
-    dt = _FLOAT_DTYPES.get(site.input_dtype or "")
-    if dt is None:
+    if site.input_dtype not in DTYPES:
         return
-    site.eps = float(torch.finfo(dt).eps)
+    site.eps = DTYPES[site.input_dtype].eps
     site.eps_default = "torch.finfo(input dtype).eps"
     site.eps_default_dtype = site.input_dtype
 

@@ -9,6 +9,7 @@ import torch
 from torch import fx, nn
 
 from normaudit.report import Site, SourceLocation
+from normaudit.vocabulary.dtypes import dtype_name
 
 
 @dataclass
@@ -31,7 +32,7 @@ class SiteRecord:
 
 def dtype_str(dt: Optional[torch.dtype]) -> Optional[str]:
     """A dtype as the report names it (``torch.bfloat16`` -> ``bfloat16``); None stays None."""
-    return str(dt).replace("torch.", "") if dt is not None else None
+    return dtype_name(dt)
 
 
 def location(node: Optional[fx.Node], skip_inner: int = 0) -> Optional[SourceLocation]:
