@@ -59,7 +59,7 @@ _dt = dtype_name
 
 
 # ------------------------------------------------------------------------------------------- graph facts
-class _Graph:
+class _GainReader:
     """What the graph says about a site's nodes (parameters = placeholders that are not user inputs, or
     ``get_attr`` nodes)."""
 
@@ -176,7 +176,7 @@ def _eps_node(scale: fx.Node, how: str) -> Optional[fx.Node]:
     return None
 
 
-def _affine(g: _Graph, rec: SiteRecord, applied: fx.Node, owner_nodes: Optional[set]) -> tuple[Optional[str], bool]:
+def _affine(g: _GainReader, rec: SiteRecord, applied: fx.Node, owner_nodes: Optional[set]) -> tuple[Optional[str], bool]:
     """(gain form, bias) from the multiplies/adds by parameters around the applying node: before it on the
     normalised operand (``a_2 * (x - mean) / (std + eps)``) and after it (``(x * rsqrt(..)) * w + b``), staying
     inside the site's module."""
@@ -256,7 +256,7 @@ def formula_size(site) -> Optional[int]:
     return None
 
 
-def graph_formula(rec: SiteRecord, g: _Graph, owner_nodes: Optional[set] = None) -> Optional[Formula]:
+def graph_formula(rec: SiteRecord, g: _GainReader, owner_nodes: Optional[set] = None) -> Optional[Formula]:
     """Formula facts from the graph alone (no text, not confirmed), or None for a site it cannot describe."""
     s = rec.site
     in_dt = s.input_dtype
@@ -357,7 +357,7 @@ def _is_cast(node: fx.Node, prev: fx.Node) -> bool:
     return _cast_target(node) is not None or (dtype(node) is not None and dtype(node) != dtype(prev))
 
 
-def _cast_facts(rec: SiteRecord, f: Formula, g: _Graph) -> None:
+def _cast_facts(rec: SiteRecord, f: Formula, g: _GainReader) -> None:
     """``site.output_dtype`` (the dtype of the site's output node) and, for a hand-written norm, ``f.cast``: where
     the cast back after the normalisation sits relative to the gain multiply, walking forward from the applying
     node through the site's affine chain: ``before_gain`` (``w * x_normed.to(input_dtype)``, Llama's RMSNorm: a
@@ -395,7 +395,7 @@ def run(ctx: Any, facts: Any) -> None:
     docstring); the numeric confirmation (:mod:`normaudit.probes.formula_confirm`) and the text
     (:func:`run_text`) come after. Nothing in the graph or the models is modified."""
     cap = ctx.cap
-    g = _Graph(list(cap.user_inputs))
+    g = _GainReader(list(cap.user_inputs))
     owned: Optional[dict[str, set]] = None
     for rec in facts.records:
         owner_nodes = None
@@ -413,7 +413,7 @@ def run(ctx: Any, facts: Any) -> None:
 def run_text(ctx: Any, facts: Any) -> None:
     """Pass ``formula-text``: where the cast back sits (:func:`_cast_facts`) and the formula's text
     (:func:`normaudit.facts.formula_text.formula_text`), once the probe has confirmed or corrected the formula."""
-    g = _Graph(list(ctx.cap.user_inputs))
+    g = _GainReader(list(ctx.cap.user_inputs))
     for rec in facts.records:
         s, f = rec.site, rec.site.formula
         if f is None:
