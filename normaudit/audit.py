@@ -16,12 +16,13 @@ from normaudit import __version__
 from normaudit.capture import capture_model
 from normaudit.engine.evaluator import evaluate
 from normaudit.engine.loader import load_rules
+from normaudit.engine.options import RuleOptions
 from normaudit.engine.schema import Rule
 from normaudit.errors import UsageError
 from normaudit.facts.context import FactContext, Facts
 from normaudit.facts.eps import ConfigSource
 from normaudit.facts.axes import parse_input_axes
-from normaudit.report import (SEVERITY_RANK, CaptureInfo, Finding, ModelFacts, Report, SourceLocation, Summary,
+from normaudit.report import (SEVERITY_RANK, CaptureInfo, Finding, ModelFacts, Report, Summary,
                               TargetInfo)
 from normaudit.suppress import filter_findings
 from normaudit.loaders.config import is_library, load_config, model_configs
@@ -144,7 +145,7 @@ def _batch_of(opts: AuditOptions, inputs: Any) -> Optional[int]:
 
 
 def _evaluated_findings(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule], facts: Facts,
-                        cfg: _ConfigInForce, options: dict, by_path: dict) -> tuple[list[Finding], Any]:
+                        cfg: _ConfigInForce, options: RuleOptions, by_path: dict) -> tuple[list[Finding], Any]:
     """The selected rules over the sites and model facts, less the suppressed findings
     (:func:`normaudit.suppress.filter_findings`), sorted by severity, module and rule; and the filter's result
     (its notes). A numerics finding without a source gets its module's construction line from ``by_path``."""
@@ -216,9 +217,8 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
     # capture works on a copy of its reduced model and leaves the user's untouched.
     by_path = {name: mua.origins[id(m)] for name, m in mua.model.named_modules() if id(m) in mua.origins}
     phase("capture")
-    options = {"dtype": opts.dtype, "batch_size": batch, "checkpoint": ckpt is not None, "capture_method": None,
-               "train_error": None, "capture_error": None, "probes": list(opts.probes),
-               "config_origin": cfg.origin, "library_model": _library_config(mua.model)}
+    options = RuleOptions(dtype=opts.dtype, batch_size=batch, checkpoint=ckpt is not None, probes=list(opts.probes),
+                          config_origin=cfg.origin, library_model=_library_config(mua.model))
     shared = dict(input_axes=declared, probe_model=mua.model, inputs=inputs, config=cfg.data,
                   config_source=cfg.source, config_sources=cfg.sources, checkpoint=ckpt, dtype=opts.dtype,
                   batch_size=batch, probes=list(opts.probes), config_origin=cfg.origin,
@@ -227,12 +227,12 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
     cap, ctx, facts = _capture_facts(opts, mua, inputs, dtype, by_path, shared, options, fast)
     section = facts.numerics
     if section is not None:
-        options["numerics"] = section
+        options.numerics = section
     phase("rules")
     sites = [r.site for r in facts.records]
     findings, kept = _evaluated_findings(opts, mua, rules, facts, cfg, options, by_path)
     facts.model.config_source = cfg.source
-    info = CaptureInfo(method=options["capture_method"], complete=cap.complete, attempts=cap.attempts,
+    info = CaptureInfo(method=options.capture_method, complete=cap.complete, attempts=cap.attempts,
                        num_nodes=len(cap.gm.graph.nodes) if cap.gm is not None else 0,
                        inputs=_describe_inputs(inputs), inputs_assumed=assumed, fake_tensors=True)
     from normaudit.capture.parts import coverage
@@ -247,7 +247,7 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
 
 
 def _capture_facts(opts: AuditOptions, mua: ModelUnderAudit, inputs: Any, dtype: torch.dtype, by_path: dict,
-                   shared: dict, options: dict, fast: bool) -> tuple[Any, FactContext, Facts]:
+                   shared: dict, options: RuleOptions, fast: bool) -> tuple[Any, FactContext, Facts]:
     """Capture ``mua.model`` and collect its facts: the one place the capture is chosen. With ``fast``, a
     model with stacks of identical blocks is captured with each stack reduced to four blocks and the facts
     carried over to the others (:mod:`normaudit.capture.repeats`); whenever that cannot be proven exact, the
@@ -272,8 +272,9 @@ def _capture_facts(opts: AuditOptions, mua: ModelUnderAudit, inputs: Any, dtype:
     # Capture works on its own copy of a real model: carry the construction lines over by module path.
     origins = dict(mua.origins)
     origins.update({id(cap.modules[n]): loc for n, loc in by_path.items() if n in cap.modules})
-    options.update({"capture_method": "parts" if covers_all(cap) else cap.method, "train_error": cap.train_error,
-                    "capture_error": next((a.error for a in cap.attempts if not a.ok), None)})
+    options.capture_method = "parts" if covers_all(cap) else cap.method
+    options.train_error = cap.train_error
+    options.capture_error = next((a.error for a in cap.attempts if not a.ok), None)
     ctx = FactContext(cap=cap, origins=origins, train_error=cap.train_error, **shared)
     phase("facts")
     facts = collect_facts(ctx, plan)
@@ -387,9 +388,8 @@ def checkpoint_only_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict
     for s in sites:
         s.gain_form = "unknown"
     model = ModelFacts(class_name="checkpoint only", num_parameters=num_parameters, config_source=config_source)
-    options = {"dtype": opts.dtype, "batch_size": opts.batch_size, "checkpoint": True, "capture_method": "none",
-               "train_error": None, "probes": [], "config_origin": "checkpoint" if config else None,
-               "library_model": False, "checkpoint_only": True}
+    options = RuleOptions(dtype=opts.dtype, batch_size=opts.batch_size, checkpoint=True, capture_method="none",
+                          config_origin="checkpoint" if config else None, checkpoint_only=True)
     # Without model code only the checkpoint's own facts exist: rules over eps, axes, placement or formulas
     # would read facts that are unknown here, so only the checkpoint rules run.
     active = [r for r in rules.values() if r.category == "checkpoint" and _selected(r, opts.select, opts.ignore)]

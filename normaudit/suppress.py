@@ -399,7 +399,7 @@ def _unused_facts(index: SuppressionIndex, rules: dict[str, Rule], active_ids: s
 def filter_findings(findings: list[Finding], *, sites: list[Site], model: ModelFacts, rules: dict[str, Rule],
                     active: Iterable[Rule], per_module_ignores: Optional[dict[str, list[str]]] = None,
                     config: Optional[dict[str, Any]] = None, config_source: Optional[str] = None,
-                    options: Optional[dict[str, Any]] = None, target_file: Optional[str] = None,
+                    options: Any = None, target_file: Optional[str] = None,
                     factory: Optional[str] = None) -> FilterResult:
     """Drop findings suppressed by comments or per-module ignores; add ``NK901`` findings for unused
     suppression comments (when that rule is active). Returns the kept findings and the counts.
@@ -407,6 +407,7 @@ def filter_findings(findings: list[Finding], *, sites: list[Site], model: ModelF
     ``target_file``/``factory``: the audited model file and its factory, whose ``class <Model>`` (else ``def
     <factory>``) line suppresses model-level findings (:func:`model_line`)."""
     from normaudit.engine.evaluator import evaluate
+    from normaudit.engine.options import RuleOptions, UnusedSuppression
 
     active = list(active)
     active_ids = {r.id for r in active}
@@ -442,7 +443,8 @@ def filter_findings(findings: list[Finding], *, sites: list[Site], model: ModelF
     unused_rule = rules.get(UNUSED_RULE)
     if unused_rule is not None and UNUSED_RULE in active_ids:
         for fact in result.unused:
-            extra = evaluate([unused_rule], [], model, config or {}, config_source, dict(options or {}, suppression=fact))
+            run = RuleOptions.of(options).model_copy(update={"suppression": UnusedSuppression(**fact)})
+            extra = evaluate([unused_rule], [], model, config or {}, config_source, run)
             kept += [x.model_copy(update={"source": SourceLocation(file=fact["file"], line=fact["line"])}) for x in extra]
     if per_module_ignores:
         final = []

@@ -6,7 +6,8 @@ Names a rule expression can read:
 - ``model``: :class:`normaudit.report.ModelFacts`; ``sites``: every site (scope ``model``);
 - ``config``: the merged configuration mapping (``--config``, checkpoint config, the model's own config);
   ``config_source``: where it came from;
-- ``options``: ``dtype``, ``batch_size`` (the micro-batch), ``checkpoint`` (bool);
+- ``options``: the run (:class:`normaudit.engine.options.RuleOptions`: ``dtype``, ``batch_size`` the
+  micro-batch, ``checkpoint``, ``library_model``, ``capture_method``, ``numerics``, ...);
 - ``params``: the rule's own ``params``; names defined in the rule's ``let`` (evaluated in order);
 - functions: ``isclose``, ``first_key``, ``lookup``, ``join``, ``fp_rounds_to_zero``, ``finfo_eps``, ``any``, ``all``,
   ``len``, ``min``, ``max``, ``abs``, ``sorted``, ``set``, ``str``, ``float``, ``int``.
@@ -25,8 +26,10 @@ import types
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
+from pydantic import BaseModel
 from simpleeval import EvalWithCompoundTypes
 
+from normaudit.engine.options import RuleOptions
 from normaudit.engine.schema import Rule
 from normaudit.errors import UsageError
 from normaudit.report import Finding, ModelFacts, Site, SEVERITY_RANK
@@ -48,8 +51,13 @@ def first_key(mapping: Any, keys: Iterable[str]) -> Optional[tuple[str, Any]]:
 
 
 def lookup(mapping: Any, key: str, default: Any = None) -> Any:
-    """``mapping[key]`` for a dict, else ``default``."""
-    return mapping.get(key, default) if isinstance(mapping, dict) else default
+    """``mapping[key]`` for a dict, the field ``key`` of a typed record (``options``, a fact), else
+    ``default``."""
+    if isinstance(mapping, dict):
+        return mapping.get(key, default)
+    if isinstance(mapping, BaseModel):
+        return getattr(mapping, key, default)
+    return default
 
 
 def fp_rounds_to_zero(value: Optional[float], dtype: str) -> bool:
@@ -357,7 +365,7 @@ def _site_key(site: Site, reads: tuple, memo: dict) -> tuple:
 
 
 def evaluate(rules: Iterable[Rule], sites: list[Site], model: ModelFacts, config: dict[str, Any],
-             config_source: Optional[str], options: dict[str, Any]) -> list[Finding]:
+             config_source: Optional[str], options: Any) -> list[Finding]:
     """Run every rule over the facts; returns findings (unsorted). Raises RuleError on a failing rule.
 
     A site-scope rule is evaluated once per class of sites equal in every fact its expressions read
@@ -367,7 +375,7 @@ def evaluate(rules: Iterable[Rule], sites: list[Site], model: ModelFacts, config
     rule fails on the first site it fails on, as when evaluated site by site."""
     findings: list[Finding] = []
     base = {"model": model, "sites": sites, "config": _ns(config or {}), "config_source": config_source or "the config",
-            "options": _ns(options)}
+            "options": RuleOptions.of(options)}
     memo: dict = {}  # (id(site), chain) -> canonical value, shared by the rules (``sites`` lives through the call)
     for rule in rules:
         compiled = _COMPILED.get(id(rule)) or compile_rule(rule)
