@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 _SECONDS = re.compile(r'"seconds":\s*-?[0-9.eE+-]+')
-_TMP = re.compile(r"/tmp/pytest-of-[^/]+/pytest-\d+/[^/\"]+/")
+_TMP = re.compile(r"/tmp/pytest-of-[^/]+/pytest-\d+/")
 #: a test's own folder below pytest's temporary root (named by the test, which a renamed test changes)
 _TMP_DIR = re.compile(r"<tmp>/[^/\"]+/")
 _ADDRESS = re.compile(r"0x[0-9a-f]{6,}")
