@@ -1,4 +1,5 @@
-"""Values a capture keeps as constants: integer and bool buffers (position ids, masks) passed by value, and integer tensor factories lifted so their values survive tracing."""
+"""Values a capture keeps as constants: integer and bool buffers (position ids, masks) passed by value, and integer
+tensor factories lifted so their values survive tracing."""
 from __future__ import annotations
 
 import contextlib

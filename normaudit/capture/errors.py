@@ -1,4 +1,5 @@
-"""Capture failures in one line: the root cause behind the wrappers torch re-raises with, and whether a failure comes from a data-dependent value."""
+"""Capture failures in one line: the root cause behind the wrappers torch re-raises with, and whether a failure
+comes from a data-dependent value."""
 from __future__ import annotations
 
 

@@ -1,4 +1,5 @@
-"""Fake tensors for capture: example inputs made fake, a meta model given fake storage (no weight memory), and constant propagation on fake tensors so integer computations keep their values."""
+"""Fake tensors for capture: example inputs made fake, a meta model given fake storage (no weight memory), and
+constant propagation on fake tensors so integer computations keep their values."""
 from __future__ import annotations
 
 import contextlib

@@ -1,4 +1,6 @@
-"""The capture methods: ``torch.fx`` symbolic tracing with shapes from ``ShapeProp`` on fake tensors, and ``torch.export.export(strict=False)``, with the retries export gets (example inputs and integer factories as constants)."""
+"""The capture methods: ``torch.fx`` symbolic tracing with shapes from ``ShapeProp`` on fake tensors, and
+``torch.export.export(strict=False)``, with the retries export gets (example inputs and integer factories as
+constants)."""
 from __future__ import annotations
 
 import contextlib
