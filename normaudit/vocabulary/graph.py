@@ -9,7 +9,7 @@ from __future__ import annotations
 import operator
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import fx, nn
@@ -262,16 +262,23 @@ def scalar_operand(node: fx.Node) -> Optional[float]:
     return None
 
 
-def strip_neutral(node: Any, backward: bool = True) -> Any:
-    """Follow casts, clones, dropout and other value-preserving ops back to their source."""
+def strip_through(node: Any, ops: tuple[str, ...], limit: int) -> Any:
+    """Follow ``node`` back along its first argument while it is one of ``ops`` (canonical names, see
+    :func:`op_name`), at most ``limit`` steps; stops at a node whose first argument is no node. Returns where
+    it stopped (``node`` itself when it is no fx node)."""
     seen = 0
-    while isinstance(node, fx.Node) and op_name(node) in NEUTRAL_OPS and node.args and seen < 16:
+    while isinstance(node, fx.Node) and op_name(node) in ops and node.args and seen < limit:
         first = node.args[0]
         if not isinstance(first, fx.Node):
             break
         node = first
         seen += 1
     return node
+
+
+def strip_neutral(node: Any, backward: bool = True) -> Any:
+    """Follow casts, clones, dropout and other value-preserving ops back to their source (at most 16)."""
+    return strip_through(node, NEUTRAL_OPS, 16)
 
 
 FOLLOW = object()
@@ -296,3 +303,36 @@ def forward_walk(start: fx.Node, step, depth: int = 6) -> Any:
             return None
         frontier = nxt
     return None
+
+
+def reach(start: fx.Node, follow: Callable[[fx.Node, fx.Node], bool], depth: Optional[int] = None) -> list[fx.Node]:
+    """The nodes reached forward from ``start``: breadth-first over users, level by level, each node reached at
+    most once, at most ``depth`` levels (None: until nothing is left to follow, which ends since an fx graph
+    has no cycle). ``follow(user, node)`` is asked for each user of a reached node (or of ``start``) not
+    reached yet and says whether ``user`` is reached and walked on through; a user it refuses from one node
+    may still be reached from another. Returns the reached nodes in the order reached, ``start`` not among
+    them. Unlike :func:`forward_walk` no node is visited twice and the walk does not end early.
+
+    >>> import torch
+    >>> def f(x):
+    ...     y = torch.relu(x)
+    ...     return (y + x).neg()
+    >>> x = next(iter(torch.fx.symbolic_trace(f).graph.nodes))
+    >>> [n.name for n in reach(x, lambda user, node: True)]
+    ['relu', 'add', 'neg', 'output']
+    >>> [n.name for n in reach(x, lambda user, node: True, depth=1)]
+    ['relu', 'add']
+    >>> [n.name for n in reach(x, lambda user, node: node.name != "x" or user.name == "relu")]
+    ['relu', 'add', 'neg', 'output']
+    """
+    seen, out, frontier, level = {start}, [], [start], 0
+    while frontier and (depth is None or level < depth):
+        nxt = []
+        for n in frontier:
+            for user in n.users:
+                if user not in seen and follow(user, n):
+                    seen.add(user)
+                    out.append(user)
+                    nxt.append(user)
+        frontier, level = nxt, level + 1
+    return out
