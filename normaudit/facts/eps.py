@@ -52,7 +52,7 @@ import torch
 from torch import fx
 
 from normaudit.vocabulary.graph import dtype as node_dtype
-from normaudit.vocabulary.graph import NEUTRAL_OPS, op_name, scalar_operand, strip_neutral
+from normaudit.vocabulary.graph import FOLLOW, NEUTRAL_OPS, forward_walk, op_name, scalar_operand, strip_neutral
 from normaudit.facts.constructor import builds_elsewhere, constructor_eps, constructor_literal_eps
 from normaudit.report import ConfigEps, EpsFacts, Site
 from normaudit.vocabulary.dtypes import DTYPES, HALF_DTYPES, dtype_name, torch_dtype
@@ -219,17 +219,12 @@ def statistic_of(site: Site, hints: Mapping[str, Any]) -> Optional[str]:
 def reaches_output(node: Optional[fx.Node], depth: int = 8) -> bool:
     """``node`` is one of the graph's outputs, or reaches one through casts and layout-only ops (views,
     ``getitem``): the normalised tensor is returned to the caller as it is."""
-    frontier = [node] if isinstance(node, fx.Node) else []
-    for _ in range(depth):
-        nxt = []
-        for n in frontier:
-            for user in n.users:
-                if user.op == "output":
-                    return True
-                if op_name(user) in NEUTRAL_OPS or op_name(user) in _LAYOUT_OPS:
-                    nxt.append(user)
-        frontier = nxt
-    return False
+    def step(user: fx.Node, n: fx.Node) -> Any:
+        if user.op == "output":
+            return True
+        return FOLLOW if op_name(user) in NEUTRAL_OPS or op_name(user) in _LAYOUT_OPS else None
+
+    return isinstance(node, fx.Node) and forward_walk(node, step, depth) is True
 
 
 _LAYOUT_OPS = ("view", "reshape", "_unsafe_view", "permute", "transpose", "contiguous", "clone", "getitem",

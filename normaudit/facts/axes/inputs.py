@@ -12,7 +12,7 @@ from torch import fx, nn
 from normaudit.capture import Capture
 from normaudit.facts.axes.dims import BASE, LETTERS, UNK, Dim, Label
 from normaudit.facts.axes.ops import dims_arg, raw_name
-from normaudit.vocabulary.graph import arg, op_name, shape, val
+from normaudit.vocabulary.graph import FOLLOW, arg, forward_walk, op_name, shape, val
 
 
 def parse_input_axes(spec: str, inputs: Any = None) -> list[Label]:
@@ -50,27 +50,25 @@ def _first_consumer_module(node: fx.Node, cap: Capture) -> Optional[nn.Module]:
     """The first layer reading ``node`` (through casts and element-wise arithmetic that keeps its shape:
     ``x * scale + pos_emb(x)`` before the first block, FunASR's encoder), as a module (an aten conv counts as
     Conv1d)."""
-    frontier, seen = [node], 0
-    while frontier and seen < 8:
-        nxt = []
-        for n in frontier:
-            for user in n.users:
-                name = op_name(user)
-                if name == "module":
-                    return cap.modules.get(str(user.target))
-                if name == "conv":
-                    return nn.Conv1d(1, 1, 1) if len(shape(node) or ()) == 3 else None
-                if name in ("batch_norm", "instance_norm", "group_norm"):
-                    return {"batch_norm": nn.BatchNorm1d(1), "instance_norm": nn.InstanceNorm1d(1),
-                            "group_norm": nn.GroupNorm(1, 1)}[name]
-                if name in ("linear", "matmul", "layer_norm", "rms_norm", "embedding"):
-                    return nn.Identity()
-                if name in ("to", "alias", "dropout", "contiguous"):
-                    nxt.append(user)
-                elif name in ("mul", "div", "add", "sub") and shape(user) == shape(node):
-                    nxt.append(user)
-        frontier, seen = nxt, seen + 1
-    return None
+    def step(user: fx.Node, n: fx.Node) -> Any:
+        # the layer is boxed: the first layer found ends the walk even when it is None (a module the
+        # capture does not name, a convolution of a non-3-D input)
+        name = op_name(user)
+        if name == "module":
+            return (cap.modules.get(str(user.target)),)
+        if name == "conv":
+            return (nn.Conv1d(1, 1, 1) if len(shape(node) or ()) == 3 else None,)
+        if name in ("batch_norm", "instance_norm", "group_norm"):
+            return ({"batch_norm": nn.BatchNorm1d(1), "instance_norm": nn.InstanceNorm1d(1),
+                     "group_norm": nn.GroupNorm(1, 1)}[name],)
+        if name in ("linear", "matmul", "layer_norm", "rms_norm", "embedding"):
+            return (nn.Identity(),)
+        if name in ("to", "alias", "dropout", "contiguous"):
+            return FOLLOW
+        return FOLLOW if name in ("mul", "div", "add", "sub") and shape(user) == shape(node) else None
+
+    found = forward_walk(node, step, depth=8)
+    return found[0] if found is not None else None
 
 
 _IMAGE_NAMES = ("pixel", "image", "img", "picture", "photo")

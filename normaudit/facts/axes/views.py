@@ -15,7 +15,7 @@ from normaudit.capture import Capture
 from normaudit.facts.axes.dims import PATCH, SPATIAL, TOKEN, UNK, Dim, Part, dim_names, dim_size, same_dims, \
     unknown_dim, unknown_dims
 from normaudit.facts.axes.ops import ELEMENTWISE, dims_arg, raw_name
-from normaudit.vocabulary.graph import arg, op_name, shape
+from normaudit.vocabulary.graph import FOLLOW, arg, forward_walk, op_name, shape
 
 
 def _tidy(d: Sequence[Part]) -> Dim:
@@ -163,21 +163,20 @@ def _sized_by_parameter(node: fx.Node, size: int, cap: Capture, params: set) -> 
     parameter whose last dim is ``size`` along ``node``'s last dim: a Linear's input features, a LayerNorm's
     or RMSNorm's normalised shape, a matmul by a weight, a gain multiplied in. The model then fixes that
     size, whatever the input."""
-    frontier, seen = [node], {node}
-    for _ in range(6):
-        nxt = []
-        for n in frontier:
-            for user in n.users:
-                if user in seen:
-                    continue
-                seen.add(user)
-                if _parameter_size(user, n, cap, params) == size:
-                    return True
-                if shape(user) == shape(node) and (op_name(user) in ("to", "alias", "dropout", "contiguous")
-                                                   or op_name(user) in ELEMENTWISE + _UNARY):
-                    nxt.append(user)
-        frontier = nxt
-    return False
+    seen = {node}
+
+    def step(user: fx.Node, n: fx.Node) -> Optional[object]:
+        if user in seen:
+            return None  # every user is looked at once, followed or not
+        seen.add(user)
+        if _parameter_size(user, n, cap, params) == size:
+            return True
+        if shape(user) == shape(node) and (op_name(user) in ("to", "alias", "dropout", "contiguous")
+                                           or op_name(user) in ELEMENTWISE + _UNARY):
+            return FOLLOW
+        return None
+
+    return forward_walk(node, step) is True
 
 
 def _parameter_size(user: fx.Node, src: fx.Node, cap: Capture, params: set) -> Optional[int]:

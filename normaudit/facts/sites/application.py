@@ -9,7 +9,8 @@ from typing import Any, Optional
 from torch import fx, nn
 
 from normaudit.facts.sites.activations import is_act
-from normaudit.vocabulary.graph import NEUTRAL_OPS, op_name, owner, reduction, shape, strip_neutral
+from normaudit.vocabulary.graph import FOLLOW, NEUTRAL_OPS, forward_walk, op_name, owner, reduction, shape, \
+    strip_neutral
 
 
 VIEW_OPS = ("view", "reshape", "permute", "transpose", "contiguous", "flatten", "unflatten", "_unsafe_view",
@@ -73,25 +74,22 @@ def apply_node(scale: fx.Node, source: fx.Node, by: str, dims: Any = None,
     ``max``/``+`` combinations of the denominator (EvoNorm-B0: ``x / max(sqrt(var + eps), v * x + std)``).
     With the statistic's ``dims`` and the activations ``act``: also the mul that applies it to a weight's
     projection of the source (:func:`_projected`)."""
-    frontier = [scale]
-    for _ in range(6):
-        nxt = []
-        for n in frontier:
-            for user in n.users:
-                name = op_name(user)
-                if name in ("mul", "div") and len(user.args) > 1:
-                    other = user.args[0] if user.args[1] is n else user.args[1]
-                    if user.args[0] is n and name == "div":
-                        continue
-                    if _related(other, source) or (by == "mul" and _projected(other, source, dims, act)):
-                        return user
-                if name in NEUTRAL_OPS or name in SCALE_PATH:
-                    nxt.append(user)
-                elif name in ("maximum", "max", "add") and len(user.args) > 1 and all(
-                        isinstance(a, fx.Node) for a in user.args[:2]):
-                    nxt.append(user)
-        frontier = nxt
-    return None
+    def step(user: fx.Node, n: fx.Node) -> Any:
+        name = op_name(user)
+        if name in ("mul", "div") and len(user.args) > 1:
+            other = user.args[0] if user.args[1] is n else user.args[1]
+            if user.args[0] is n and name == "div":
+                return None
+            if _related(other, source) or (by == "mul" and _projected(other, source, dims, act)):
+                return user
+        if name in NEUTRAL_OPS or name in SCALE_PATH:
+            return FOLLOW
+        if name in ("maximum", "max", "add") and len(user.args) > 1 and all(
+                isinstance(a, fx.Node) for a in user.args[:2]):
+            return FOLLOW
+        return None
+
+    return forward_walk(scale, step)
 
 
 def extend_affine(out: fx.Node, owner_path: str, modules) -> tuple[fx.Node, list[fx.Node]]:
