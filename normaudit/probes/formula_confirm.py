@@ -21,7 +21,7 @@ from normaudit.facts.formula import formula_size
 from normaudit.facts.sites import SiteRecord
 from normaudit.probes.formula import probe_formula, probe_half_precision
 from normaudit.report import Formula
-from normaudit.vocabulary.graph import NEUTRAL_OPS, arg, op_name, owner
+from normaudit.vocabulary.graph import NEUTRAL_OPS, arg, op_name, owner, reach
 from normaudit.vocabulary.graph import shape as node_shape
 from normaudit.vocabulary.dtypes import HALF_DTYPES as HALF
 
@@ -118,13 +118,7 @@ def _trailing_children(rec: SiteRecord, modules: dict) -> list[str]:
         return []
     prefix = f"{s.module}." if s.module else ""
     inside = (lambda o: o == s.module or o.startswith(prefix)) if s.module else (lambda o: True)
-    seen: set = set()
-    frontier = [rec.output]
-    while frontier:
-        for u in frontier.pop().users:
-            if u not in seen and inside(owner(u, modules)):
-                seen.add(u)
-                frontier.append(u)
+    seen = set(reach(rec.output, lambda u, n: inside(owner(u, modules))))
     by_child: dict[str, list[fx.Node]] = {}
     for node in rec.output.graph.nodes:
         o = owner(node, modules)

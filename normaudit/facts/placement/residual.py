@@ -25,14 +25,13 @@ Known forms: ResNet-D's average-pooled projection shortcut (timm resnet.py, ``do
 pooling token mixer (timm metaformer.py, ``Pooling``)."""
 from __future__ import annotations
 
-from collections import deque
 from typing import Any, Optional
 
 from torch import fx, nn
 
 from normaudit.facts.placement.graph import POOL_OPS, StreamGraph, is_pool_module, tensorish
 from normaudit.facts.placement.records import ResidualAdd
-from normaudit.vocabulary.graph import dtype, op_name, shape
+from normaudit.vocabulary.graph import dtype, op_name, reach, shape
 
 
 # -- residual adds -------------------------------------------------------------------------------------------
@@ -273,20 +272,8 @@ def _mixes(g: StreamGraph, src: fx.Node, branch: fx.Node) -> bool:
 
 def stream_reach(g: StreamGraph, start: fx.Node, residual: dict[fx.Node, ResidualAdd]) -> list[ResidualAdd]:
     """Residual adds that take ``start`` forward as their skip (the stream), not through a branch."""
-    out: list[ResidualAdd] = []
-    todo, seen = deque([start]), {start}
-    while todo:
-        n = todo.popleft()
-        for u in n.users:
-            if u in seen:
-                continue
-            ra = residual.get(u)
-            if ra is not None:
-                if ra.skip is n:
-                    seen.add(u)
-                    out.append(ra)
-                    todo.append(u)
-                continue  # reached through a branch: the stream ends here for this path
-            seen.add(u)
-            todo.append(u)
-    return out
+    def follow(u: fx.Node, n: fx.Node) -> bool:
+        ra = residual.get(u)
+        return ra is None or ra.skip is n  # reached through a branch: the stream ends here for this path
+
+    return [ra for ra in (residual.get(u) for u in reach(start, follow)) if ra is not None]

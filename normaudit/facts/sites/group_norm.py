@@ -12,7 +12,7 @@ from torch import fx
 from normaudit.facts.sites.application import extend_affine
 from normaudit.facts.sites.record import SiteRecord
 from normaudit.report import GroupSplit
-from normaudit.vocabulary.graph import NEUTRAL_OPS, op_name, shape, strip_neutral
+from normaudit.vocabulary.graph import NEUTRAL_OPS, op_name, reach, shape, strip_neutral
 
 
 _GROUP_VIEWS = ("view", "reshape", "_unsafe_view")
@@ -62,22 +62,15 @@ def restored(applied: fx.Node, xs: Optional[tuple[int, ...]], hops: int = 6) -> 
     casts, element-wise ops and per-group affine ops. A result that stays in the view (a waveform cut into
     frames of a fixed length, each frame standardised and read by ``nn.Linear(frame_len, hidden)``:
     MoonshineStreaming's FrameCMVN) is a norm over the view's own dims, not a grouping of ``x``'s channels."""
-    if not xs:
+    if not xs or hops < 1:
         return False
-    frontier, seen = [applied], {applied}
-    for _ in range(hops):
-        nxt = []
-        for n in frontier:
-            if tuple(shape(n) or ()) == tuple(xs):
-                return True
-            for user in n.users:
-                name = op_name(user)
-                if user not in seen and (name in NEUTRAL_OPS or name in _GROUP_VIEWS
-                                         or name in ("mul", "add", "sub", "div", "contiguous")):
-                    seen.add(user)
-                    nxt.append(user)
-        frontier = nxt
-    return False
+
+    def follow(user: fx.Node, n: fx.Node) -> bool:
+        name = op_name(user)
+        return name in NEUTRAL_OPS or name in _GROUP_VIEWS or name in ("mul", "add", "sub", "div", "contiguous")
+
+    # the nodes within ``hops - 1`` steps, ``applied`` included, are the ones whose shape is looked at
+    return any(tuple(shape(n) or ()) == tuple(xs) for n in [applied, *reach(applied, follow, hops - 1)])
 
 
 def finish_group_norm(rec: SiteRecord, split: GroupSplit, modules: dict) -> None:
