@@ -42,7 +42,8 @@ from typing import Any, Optional
 import torch
 from torch import fx
 
-from normaudit.vocabulary.graph import NEUTRAL_OPS, dtype, op_name, owner, reduction, scalar_operand, strip_neutral
+from normaudit.vocabulary.graph import NEUTRAL_OPS, dtype, op_name, owner, reduction, scalar_operand, strip_neutral, \
+    strip_through
 from normaudit.facts.formula_text import formula_text, special_text
 from normaudit.facts.sites import SiteRecord
 from normaudit.report import Formula
@@ -52,6 +53,8 @@ FUSED_KINDS = ("LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm", "InstanceNorm")
 # ops a parameter passes through on its way to the gain multiply (casts, views, broadcasting)
 _PARAM_PATH = NEUTRAL_OPS + ("view", "unsqueeze", "expand", "expand_as", "getitem", "reshape", "squeeze",
                              "flatten", "permute", "transpose")
+#: steps back along :data:`_PARAM_PATH` to a gain's parameter (8 nodes looked at)
+_PARAM_STEPS = 7
 _CAST_DTYPES = {"float": torch.float32, "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -73,32 +76,19 @@ class _GainReader:
     def gain_form(self, node: Any) -> Optional[str]:
         """``weight`` when ``node`` is a parameter (through casts/views), ``one_plus_weight`` for
         ``1 + parameter``, else None."""
-        for _ in range(8):
-            if not isinstance(node, fx.Node):
-                return None
-            if self.is_param(node):
-                return "weight"
-            name = op_name(node)
-            if name == "add" and scalar_operand(node) == 1.0:
-                other = next((a for a in node.args if isinstance(a, fx.Node)), None)
-                return "one_plus_weight" if self._reaches_param(other) else None
-            if name in _PARAM_PATH and node.args:
-                node = node.args[0]
-                continue
+        node = strip_through(node, _PARAM_PATH, _PARAM_STEPS)
+        if not isinstance(node, fx.Node):
             return None
+        if self.is_param(node):
+            return "weight"
+        if op_name(node) == "add" and scalar_operand(node) == 1.0:
+            other = next((a for a in node.args if isinstance(a, fx.Node)), None)
+            return "one_plus_weight" if self._reaches_param(other) else None
         return None
 
     def _reaches_param(self, node: Any) -> bool:
-        for _ in range(8):
-            if not isinstance(node, fx.Node):
-                return False
-            if self.is_param(node):
-                return True
-            if op_name(node) in _PARAM_PATH and node.args:
-                node = node.args[0]
-                continue
-            return False
-        return False
+        node = strip_through(node, _PARAM_PATH, _PARAM_STEPS)
+        return isinstance(node, fx.Node) and self.is_param(node)
 
 
 def _cast_target(node: fx.Node) -> Optional[torch.dtype]:
