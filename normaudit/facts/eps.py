@@ -152,16 +152,11 @@ def _graph_eps_node(nodes: set) -> Optional[fx.Node]:
     for node in nodes:
         name = op_name(node)
         if name in ("rsqrt", "sqrt", "pow") and node.args and isinstance(node.args[0], fx.Node):
-            cur = node.args[0]
-            for _ in range(6):
-                cur = strip_neutral(cur)
-                if not isinstance(cur, fx.Node):
-                    break
-                if op_name(cur) == "add" and scalar_operand(cur) is not None:
-                    return cur
-                if op_name(cur) in ("clamp", "maximum") and cur.args:
-                    return cur
-                break
+            cur = strip_neutral(node.args[0])
+            if op_name(cur) == "add" and scalar_operand(cur) is not None:
+                return cur
+            if op_name(cur) in ("clamp", "maximum") and cur.args:
+                return cur
         if name == "std":
             for user in node.users:
                 if op_name(user) == "add" and scalar_operand(user) is not None:
