@@ -23,7 +23,7 @@ Two steps, both over the captured graph:
    ``transpose``/``permute``/``unsqueeze``/``squeeze``/indexing, and earlier in-place ops); the nodes
    outside the norm that read that storage after the op (the residual add, another branch, the model's
    caller when it is a model input) are the consumers. Written as ``site.stream.inplace_alias``
-   (a dict: ``op``, ``source`` {file, line}, ``consumers`` [{module, op, line}], ``alias_dtypes``, ``casts``,
+   (:class:`normaudit.report.InplaceAlias`: ``op``, ``source``, ``consumers``, ``alias_dtypes``, ``casts``,
    ``caller_input``). ``alias_dtypes`` are the input dtypes for which every cast on the way is a no-op
    (no cast: every floating dtype; ``.float()``: float32 only).
 
