@@ -53,6 +53,7 @@ from typing import Any, Optional
 
 from torch import fx
 
+from normaudit.facts.context import FactContext, Facts
 from normaudit.report import InplaceAlias
 from normaudit.vocabulary.graph import dtype, op_name, owner
 from normaudit.vocabulary.dtypes import AUDIT_DTYPES, dtype_name
@@ -428,12 +429,12 @@ def analyse(cap: Any, records: list) -> None:
             rec.site.stream.inplace_alias = InplaceAlias(**found)
 
 
-def run_dataflow(ctx: Any, facts: Any) -> None:
+def run_dataflow(ctx: FactContext, facts: Facts) -> None:
     """Pass ``inplace-dataflow``: in-place ops read as dataflow inside their module (:func:`thread_inplace`),
     before any pass reads the graph."""
     thread_inplace(ctx.cap.gm, ctx.cap.modules)
 
 
-def run(ctx: Any, facts: Any) -> None:
+def run(ctx: FactContext, facts: Facts) -> None:
     """Pass ``aliasing``: :func:`analyse` over the graph's sites."""
     analyse(ctx.cap, facts.records)

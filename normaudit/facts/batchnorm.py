@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from torch import fx
 
+from normaudit.facts.context import FactContext, Facts
 from normaudit.vocabulary.graph import shape
 from normaudit.facts.axes import flat_labels
 from normaudit.report import GroupNormProblem, ModelFacts
@@ -404,12 +405,12 @@ def _example_batch(ctx: Any) -> Optional[int]:
     return None
 
 
-def run(ctx: Any, facts: Any) -> None:
+def run(ctx: FactContext, facts: Facts) -> None:
     """Pass ``batchnorm``: :func:`analyse` over the graph's sites, with the axis labels of its nodes."""
     analyse(ctx, facts.records, facts.model, facts.node_axes)
 
 
-def run_groupnorm_config(ctx: Any, facts: Any) -> None:
+def run_groupnorm_config(ctx: FactContext, facts: Facts) -> None:
     """Pass ``groupnorm-config``: the configuration's GroupNorm group counts that do not divide the channels it
     declares (:func:`groupnorm_config_facts`), over every GroupNorm site of the whole model
     (``model.groupnorm_config``)."""

@@ -51,6 +51,7 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import fx
 
+from normaudit.facts.context import FactContext, Facts
 from normaudit.vocabulary.graph import dtype as node_dtype
 from normaudit.vocabulary.graph import FOLLOW, NEUTRAL_OPS, forward_walk, op_name, scalar_operand, strip_neutral
 from normaudit.facts.constructor import builds_elsewhere, constructor_eps, constructor_literal_eps
@@ -429,6 +430,6 @@ def assign_peers(sites: list[Site], modules: Mapping[str, Any]) -> None:
             e.role = labels.get(idx[0])
 
 
-def run(ctx: Any, facts: Any) -> None:
+def run(ctx: FactContext, facts: Facts) -> None:
     """Pass ``eps``: :func:`analyse` over every site of the whole model (peers compare across all of them)."""
     analyse(ctx, facts.records)

@@ -42,6 +42,7 @@ from typing import Any, Optional
 import torch
 from torch import fx
 
+from normaudit.facts.context import FactContext, Facts
 from normaudit.vocabulary.graph import NEUTRAL_OPS, dtype, op_name, owner, reduction, scalar_operand, strip_neutral, \
     strip_through
 from normaudit.facts.formula_text import formula_text, special_text
@@ -380,7 +381,7 @@ def _cast_facts(rec: SiteRecord, f: Formula, g: _GainReader) -> None:
         f.cast = "no_gain"
 
 
-def run(ctx: Any, facts: Any) -> None:
+def run(ctx: FactContext, facts: Facts) -> None:
     """Pass ``formula``: ``site.formula`` of every site whose computation the graph shows (see the module
     docstring); the numeric confirmation (:mod:`normaudit.probes.formula_confirm`) and the text
     (:func:`run_text`) come after. Nothing in the graph or the models is modified."""
@@ -400,7 +401,7 @@ def run(ctx: Any, facts: Any) -> None:
             rec.site.formula = f
 
 
-def run_text(ctx: Any, facts: Any) -> None:
+def run_text(ctx: FactContext, facts: Facts) -> None:
     """Pass ``formula-text``: where the cast back sits (:func:`_cast_facts`) and the formula's text
     (:func:`normaudit.facts.formula_text.formula_text`), once the probe has confirmed or corrected the formula."""
     g = _GainReader(list(ctx.cap.user_inputs))

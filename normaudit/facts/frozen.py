@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 from torch import nn
 
+from normaudit.facts.context import FactContext, Facts
 from normaudit.report import FreezeFacts
 
 __all__ = ["analyse", "train_overrides"]
@@ -78,6 +79,6 @@ def analyse(ctx: Any, records: list) -> None:
                                train_override=overrides)
 
 
-def run(ctx: Any, facts: Any) -> None:
+def run(ctx: FactContext, facts: Facts) -> None:
     """Pass ``frozen``: :func:`analyse` over the sites."""
     analyse(ctx, facts.records)

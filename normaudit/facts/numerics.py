@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
+from normaudit.facts.context import FactContext, Facts
 from normaudit.report import Site, SiteNumerics
 from normaudit.vocabulary.dtypes import AUDIT_DTYPES, DTYPES
 
@@ -107,6 +108,6 @@ def analyse(ctx: Any, records: list) -> None:
         bound_from_values(site, w.gain_min, w.gain_max, _bias_absmax(ckpt, w.keys), "checkpoint", dtype)
 
 
-def run(ctx: Any, facts: Any) -> None:
+def run(ctx: FactContext, facts: Facts) -> None:
     """Pass ``numerics-bound``: :func:`analyse` over every site."""
     analyse(ctx, facts.records)

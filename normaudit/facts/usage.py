@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from normaudit.facts.context import FactContext, Facts
 from normaudit.vocabulary.graph import module_stack
 from normaudit.report import UnusedNorm
 
@@ -96,7 +97,7 @@ def unused_note(unused: list[UnusedNorm]) -> Optional[str]:
     return f"{len(unused)} norm module(s) registered but never applied by the forward: {names}"
 
 
-def run(ctx: Any, facts: Any) -> None:
+def run(ctx: FactContext, facts: Facts) -> None:
     """Pass ``usage``: the model's unused norms (:func:`unused_norms`) and the note naming them."""
     facts.model.unused_norms = unused_norms(ctx, facts.records)
     facts.notes += [n for n in [unused_note(facts.model.unused_norms)] if n]

@@ -34,6 +34,7 @@ from typing import Any, Optional
 
 from torch import fx, nn
 
+from normaudit.facts.context import FactContext, Facts
 from normaudit.vocabulary.graph import FOLLOW, NEUTRAL_OPS, NORM_OPS, arg, forward_walk, op_name, scalar_operand
 from normaudit.report import ShapeMismatch, WeightStats
 
@@ -292,6 +293,6 @@ def _site_weights(ckpt, site, names: list[str], roles: dict[str, str], mapping: 
     return ws
 
 
-def run(ctx: Any, facts: Any) -> None:
+def run(ctx: FactContext, facts: Facts) -> None:
     """Pass ``weights``: :func:`analyse` over every site, its notes onto the report's."""
     facts.notes += analyse(ctx, facts.records)

@@ -19,6 +19,7 @@ from typing import Any, Optional
 import torch
 
 from normaudit.capture import Capture
+from normaudit.facts.context import FactContext, Facts
 from normaudit.probes.common import axis_dims as _axis_dims, call_model as _call, first_tensor as _first_tensor
 from normaudit.probes.common import materialise, one_line as _one_line, out_tensor as _out_tensor
 from normaudit.quiet import quiet
@@ -241,7 +242,7 @@ def _compare(records: list, measured: dict, record_a: dict, record_b: dict) -> i
 BATCH_PROBE_SEED = 0
 
 
-def run(ctx: Any, facts: Any) -> None:
+def run(ctx: FactContext, facts: Facts) -> None:
     """Pass ``batch-probe``: :func:`batch_probe` when ``--probe batch`` asks for it, under
     :data:`BATCH_PROBE_SEED` with the caller's RNG state kept (``torch.random.fork_rng``)."""
     if "batch" in ctx.probes and ctx.cap.gm is not None and facts.records:

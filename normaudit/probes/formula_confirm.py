@@ -17,6 +17,7 @@ from typing import Any, Optional
 import torch
 from torch import fx, nn
 
+from normaudit.facts.context import FactContext, Facts
 from normaudit.facts.formula import formula_size
 from normaudit.facts.sites import SiteRecord
 from normaudit.probes.formula import probe_formula, probe_half_precision
@@ -205,7 +206,7 @@ def _merge(f: Formula, r, h16, h, in_dt: Optional[str]) -> Optional[str]:
     return r.kind if r.confirmed and r.kind in PROBED_KINDS else None
 
 
-def run(ctx: Any, facts: Any) -> None:
+def run(ctx: FactContext, facts: Facts) -> None:
     """Pass ``formula-probe``: every site with a graph formula whose module is worth probing
     (:func:`_probe_module`) is probed once per configuration (:func:`_signature`) in float16 and the audited
     half dtype, the results folded into its formula (:func:`_merge`); a measured kind other than the graph's

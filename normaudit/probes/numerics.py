@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from normaudit.errors import UsageError
+from normaudit.facts.context import FactContext, Facts
 from normaudit.facts.numerics import DTYPE_MAX, bound_from_values
 from normaudit.phases import phase
 from normaudit.probes.common import call_model, materialise, one_line, out_tensor
@@ -604,7 +605,7 @@ def _fill(report: NumericsReport, rec: Recorder, records: list, model: nn.Module
                             + (" ..." if len(skipped) > 5 else ""))
 
 
-def run(ctx: Any, facts: Any) -> None:
+def run(ctx: FactContext, facts: Facts) -> None:
     """Pass ``numerics-probe``: :func:`numerics_probe` when ``--probe numerics`` (``numerics-backward``,
     ``numerics-autocast``) asks for it, its section in ``facts.numerics``."""
     asked = [p for p in ctx.probes if p.startswith("numerics")]

@@ -23,6 +23,7 @@ from torch import fx, nn
 
 from normaudit.capture import Capture
 from normaudit.capture.fake import fake_inputs
+from normaudit.facts.context import FactContext, Facts
 from normaudit.vocabulary.graph import owner, shape
 from normaudit.probes.common import axis_dims as _axis_dims
 from normaudit.probes.common import one_line as _one_line
@@ -418,7 +419,7 @@ def size_probe(ctx: Any, records: list) -> list[str]:
     return [head] + notes
 
 
-def run(ctx: Any, facts: Any) -> None:
+def run(ctx: FactContext, facts: Facts) -> None:
     """Pass ``size-probe``: :func:`size_probe` when ``--probe size`` asks for it or by default on a graph of at
     most :data:`SIZE_PROBE_MAX_NODES` nodes (``ctx.graph_nodes``, the full graph's count under
     depth-independent capture, else the captured graph's); otherwise a note says it was skipped."""

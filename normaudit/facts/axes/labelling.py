@@ -12,6 +12,7 @@ from normaudit.facts.axes.dims import Label, axes_text, flat_labels, is_unknown,
 from normaudit.facts.axes.inputs import input_dims
 from normaudit.facts.axes.ops import raw_name
 from normaudit.facts.axes.transfer import transfer_dims
+from normaudit.facts.context import FactContext, Facts
 from normaudit.vocabulary.graph import shape, tensor_inputs, val
 
 
@@ -86,7 +87,7 @@ def label_graph(cap: Capture, declared_inputs: Optional[list[Label]] = None) -> 
     return env
 
 
-def run(ctx: Any, facts: Any) -> None:
+def run(ctx: FactContext, facts: Facts) -> None:
     """Pass ``axes``: axis labels of every graph node (``facts.node_axes``, :func:`label_graph`) and, per
     site, the labels of its input (``input_axes``) and of the dims its statistics reduce (``normalized_axes``:
     ``unknown`` when its input has no labels)."""

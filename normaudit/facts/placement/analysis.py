@@ -3,11 +3,11 @@
 the model facts."""
 from __future__ import annotations
 
-from typing import Any
 
 from torch import fx
 
 from normaudit.capture import Capture
+from normaudit.facts.context import FactContext, Facts
 from normaudit.facts.placement.blocks import assign_blocks, block_of
 from normaudit.facts.placement.graph import StreamGraph
 from normaudit.facts.placement.model import model_facts
@@ -104,6 +104,6 @@ def _place_on_stream(g: StreamGraph, infos: list[SiteInfo], residual: dict[fx.No
                 info.rec.site.stream.no_identity_lost = True
 
 
-def run(ctx: Any, facts: Any) -> None:
+def run(ctx: FactContext, facts: Facts) -> None:
     """Pass ``placement``: :func:`analyse` over the graph's sites and the model facts."""
     analyse(ctx.cap, facts.records, facts.model)

@@ -16,10 +16,11 @@ nested in a U-Net, closed by a projection, has no depth for the stream to grow w
 end; the last of them is the fact's site."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from torch import fx, nn
 
+from normaudit.facts.context import FactContext, Facts
 from normaudit.facts.placement.blocks import is_inside, stack_size
 from normaudit.facts.placement.graph import POOL_OPS, StreamGraph, is_pool_module
 from normaudit.facts.placement.records import ResidualAdd, SiteInfo, norms_by_branch
@@ -167,7 +168,7 @@ def find_stream_end(sites: list[Site], model: ModelFacts) -> Optional[StreamEnd]
                      unused_norm=outside[-1].module if outside else None)
 
 
-def run_stream_end(ctx: Any, facts: Any) -> None:
+def run_stream_end(ctx: FactContext, facts: Facts) -> None:
     """Pass ``stream-end``: ``model.stream_end`` over every site of the whole model (after the carry-over of
     depth-independent capture: the stack sizes are the whole stacks')."""
     facts.model.stream_end = find_stream_end([r.site for r in facts.records], facts.model)

@@ -4,11 +4,12 @@ dtype facts filled."""
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Optional
+from typing import Optional
 
 from torch import fx
 
 from normaudit.capture import Capture
+from normaudit.facts.context import FactContext, Facts
 from normaudit.facts.sites.activations import activation_nodes, is_act
 from normaudit.facts.sites.application import extend_affine, norm_like
 from normaudit.facts.sites.builtin import functional_facts, module_facts, reduced_dims_for, resolve_default_eps
@@ -188,6 +189,6 @@ def _finish(records: list[SiteRecord]) -> None:
                 s.compute_dtype = s.input_dtype
 
 
-def run(ctx: Any, facts: Any) -> None:
+def run(ctx: FactContext, facts: Facts) -> None:
     """Pass ``sites``: every norm computation of the graph, one record each (:func:`discover_sites`)."""
     facts.records = discover_sites(ctx.cap, ctx.origins)
