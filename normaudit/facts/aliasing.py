@@ -55,8 +55,9 @@ from torch import fx
 
 from normaudit.facts.context import FactContext, Facts
 from normaudit.report import InplaceAlias
-from normaudit.vocabulary.graph import dtype, op_name, owner
 from normaudit.vocabulary.dtypes import AUDIT_DTYPES, dtype_name
+from normaudit.vocabulary.graph import dtype, op_name, owner
+
 
 #: in-place methods that only change flags or metadata, not values
 _NOT_VALUES = {"requires_grad_", "retain_grad", "share_memory_", "resize_", "resize_as_", "set_",

@@ -41,10 +41,11 @@ from typing import Any, Callable, Iterable, Optional
 
 from torch import fx
 
-from normaudit.facts.context import FactContext, Facts
-from normaudit.vocabulary.graph import shape
 from normaudit.facts.axes import flat_labels
+from normaudit.facts.context import FactContext, Facts
 from normaudit.report import GroupNormProblem, ModelFacts
+from normaudit.vocabulary.graph import shape
+
 
 CHANNELWISE = ("BatchNorm", "GroupNorm", "InstanceNorm")
 

@@ -44,19 +44,20 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping, Optional
 
 import torch
 from torch import fx
 
-from normaudit.facts.context import FactContext, Facts
-from normaudit.vocabulary.graph import dtype as node_dtype
-from normaudit.vocabulary.graph import FOLLOW, NEUTRAL_OPS, forward_walk, op_name, scalar_operand, strip_neutral
 from normaudit.facts.constructor import builds_elsewhere, constructor_eps, constructor_literal_eps
+from normaudit.facts.context import FactContext, Facts
 from normaudit.report import ConfigEps, EpsFacts, Site
 from normaudit.vocabulary.dtypes import DTYPES, HALF_DTYPES, dtype_name, torch_dtype
+from normaudit.vocabulary.graph import dtype as node_dtype
+from normaudit.vocabulary.graph import FOLLOW, NEUTRAL_OPS, forward_walk, op_name, scalar_operand, strip_neutral
+
 
 __all__ = ["EPS_KEYS", "GENERIC_EPS_KEYS", "ConfigSource", "find_eps_key", "find_generic_eps", "all_values",
            "eps_dtype_of", "rounded", "declared_eps", "assign_peers", "analyse", "statistic_of", "reaches_output"]

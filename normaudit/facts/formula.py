@@ -43,12 +43,13 @@ import torch
 from torch import fx
 
 from normaudit.facts.context import FactContext, Facts
-from normaudit.vocabulary.graph import NEUTRAL_OPS, dtype, op_name, owner, reduction, scalar_operand, strip_neutral, \
-    strip_through
 from normaudit.facts.formula_text import formula_text, special_text
 from normaudit.facts.sites import SiteRecord
 from normaudit.report import Formula
 from normaudit.vocabulary.dtypes import HALF_DTYPES as HALF, dtype_name
+from normaudit.vocabulary.graph import (NEUTRAL_OPS, dtype, op_name, owner, reduction, scalar_operand, strip_neutral,
+                                       strip_through)
+
 
 FUSED_KINDS = ("LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm", "InstanceNorm")
 # ops a parameter passes through on its way to the gain multiply (casts, views, broadcasting)

@@ -25,6 +25,7 @@ from torch import nn
 from normaudit.facts.context import FactContext, Facts
 from normaudit.report import FreezeFacts
 
+
 __all__ = ["analyse", "train_overrides"]
 
 

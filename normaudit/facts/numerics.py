@@ -26,6 +26,7 @@ from normaudit.facts.context import FactContext, Facts
 from normaudit.report import Site, SiteNumerics
 from normaudit.vocabulary.dtypes import AUDIT_DTYPES, DTYPES
 
+
 #: largest finite value per dtype name (``torch.finfo(dtype).max``; IEEE 754 binary16 65504)
 #: the largest finite value of each audited dtype
 DTYPE_MAX = {name: DTYPES[name].max for name in AUDIT_DTYPES}

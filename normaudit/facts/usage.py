@@ -23,8 +23,9 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from normaudit.facts.context import FactContext, Facts
-from normaudit.vocabulary.graph import module_stack
 from normaudit.report import UnusedNorm
+from normaudit.vocabulary.graph import module_stack
+
 
 __all__ = ["called_modules", "unused_norms"]
 

@@ -35,8 +35,9 @@ from typing import Any, Optional
 from torch import fx, nn
 
 from normaudit.facts.context import FactContext, Facts
-from normaudit.vocabulary.graph import FOLLOW, NEUTRAL_OPS, NORM_OPS, arg, forward_walk, op_name, scalar_operand
 from normaudit.report import ShapeMismatch, WeightStats
+from normaudit.vocabulary.graph import FOLLOW, NEUTRAL_OPS, NORM_OPS, arg, forward_walk, op_name, scalar_operand
+
 
 __all__ = ["GAIN_LEAVES", "BIAS_LEAVES", "param_roles", "site_param_names", "analyse"]
 

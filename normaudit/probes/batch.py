@@ -25,6 +25,7 @@ from normaudit.probes.common import materialise, one_line as _one_line, out_tens
 from normaudit.quiet import quiet
 from normaudit.report import BatchProbe
 
+
 BATCH_PROBE_MAX_PARAMS = 50_000_000
 PROBE_BATCH = 4
 

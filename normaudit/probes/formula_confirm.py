@@ -22,9 +22,10 @@ from normaudit.facts.formula import formula_size
 from normaudit.facts.sites import SiteRecord
 from normaudit.probes.formula import probe_formula, probe_half_precision
 from normaudit.report import Formula
+from normaudit.vocabulary.dtypes import HALF_DTYPES as HALF
 from normaudit.vocabulary.graph import NEUTRAL_OPS, arg, op_name, owner, reach
 from normaudit.vocabulary.graph import shape as node_shape
-from normaudit.vocabulary.dtypes import HALF_DTYPES as HALF
+
 
 #: the most floating elements (parameters and buffers) of a module the probe runs
 MAX_PROBE_PARAMS = 1_000_000

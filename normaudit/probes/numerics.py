@@ -50,6 +50,7 @@ from normaudit.quiet import quiet
 from normaudit.report import ModuleNumerics, NumericsReport, SiteNumerics, TensorStats
 from normaudit.vocabulary.dtypes import torch_dtype
 
+
 #: ``--max-params`` default: models above it are refused by ``--probe numerics`` (exit 2)
 DEFAULT_MAX_PARAMS = 1_000_000_000
 #: a row is eps-dominated when its statistic is below this many times eps

@@ -24,11 +24,12 @@ from torch import fx, nn
 from normaudit.capture import Capture
 from normaudit.capture.fake import fake_inputs
 from normaudit.facts.context import FactContext, Facts
-from normaudit.vocabulary.graph import owner, shape
 from normaudit.probes.common import axis_dims as _axis_dims
 from normaudit.probes.common import one_line as _one_line
 from normaudit.quiet import quiet
 from normaudit.report import SizeProbe
+from normaudit.vocabulary.graph import owner, shape
+
 
 SIZE_PROBE_MAX_NODES = 1500
 RESIZABLE = ("sequence", "height", "width", "depth")

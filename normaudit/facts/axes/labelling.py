@@ -8,7 +8,8 @@ from typing import Any, Optional
 from torch import fx
 
 from normaudit.capture import Capture
-from normaudit.facts.axes.dims import Label, axes_text, flat_labels, is_unknown, tensor_unknowns, to_labels, unknown_dims
+from normaudit.facts.axes.dims import (Label, axes_text, flat_labels, is_unknown, tensor_unknowns, to_labels,
+                                       unknown_dims)
 from normaudit.facts.axes.inputs import input_dims
 from normaudit.facts.axes.ops import raw_name
 from normaudit.facts.axes.transfer import transfer_dims

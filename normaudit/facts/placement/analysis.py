@@ -3,7 +3,6 @@
 the model facts."""
 from __future__ import annotations
 
-
 from torch import fx
 
 from normaudit.capture import Capture
