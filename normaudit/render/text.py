@@ -53,9 +53,18 @@ class FindingGroup:
 
     @property
     def count_label(self) -> str:
-        """``label`` with the number of modules when there are several: ``layers.0-17.ln (18 modules)``."""
+        """``label`` with the number of modules when there are several, and of findings when a module holds
+        more than one (two norms computed in one module's forward): ``layers.0-17.ln (18 modules)``,
+        ``layers.0-2 (3 modules, 6 findings)``, ``attn (2 findings)``."""
         n = len(self.findings)
-        return self.label if n == 1 else f"{self.label} ({n} modules)"
+        modules = len({f.module for f in self.findings})
+        if n == 1:
+            return self.label
+        if modules == n:
+            return f"{self.label} ({n} modules)"
+        if modules == 1:
+            return f"{self.label} ({n} findings)"
+        return f"{self.label} ({modules} modules, {n} findings)"
 
 
 def _module_pattern(module: str) -> Optional[re.Pattern]:
