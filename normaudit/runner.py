@@ -16,7 +16,9 @@ or as Ray tasks (``--executor ray``), results handed on in the targets' order.
   (``max_calls=1``, no retries), at most ``jobs`` in flight (default: the cluster's CPUs), each cancelled with
   ``ray.cancel(force=True)`` past ``--timeout`` seconds after its submission; results are taken as they
   finish (``ray.wait``). ``ray.init(address=...)`` joins an existing cluster (``--ray-address``), else starts
-  a local one that is shut down at the end. Ray's own output stays off the user's terminal
+  a local one that is shut down at the end; SIGINT and SIGTERM cancel the tasks in flight (``ray.cancel(force=True)``
+  ends their processes) and shut the local cluster down, and when the driver is killed outright Ray's own
+  fate-sharing ends the tasks' processes (and, a minute or two later, its agents). Ray's own output stays off the user's terminal
   (:func:`ray_driver_quiet`: no dashboard, no worker logs, the driver's stdout to ``os.devnull``, the ``ray``
   logger at ERROR); a task reports its phase (:class:`PhaseFile`), so a crash or a timeout names it ("while
   building the model") as the local executor's errors do. The cluster's workers must have normaudit (and the model's
@@ -338,11 +340,32 @@ def _ray_init(ray: Any, address: Optional[str], jobs: Optional[int]) -> bool:
         return False
     kwargs = {"address": address, **RAY_QUIET} if address else local_ray_options(jobs)
     try:
-        ray.init(**kwargs)
+        with _signal_handlers_kept():
+            ray.init(**kwargs)
     except (ConnectionError, ValueError, RuntimeError) as err:
         where = f"the Ray cluster at {address!r}" if address else "a local Ray cluster"
         raise UsageError(f"--executor ray: cannot start or join {where}: {' '.join(str(err).split())[:300]}") from None
     return True
+
+
+@contextlib.contextmanager
+def _signal_handlers_kept():
+    """Restore this process's SIGINT and SIGTERM handlers after the block: ``ray.init`` installs its own
+    SIGTERM handler (a C++ stack dump, exit status 1), which would skip the command's (its workers' tasks
+    cancelled, one line, status 143). Nothing outside the main thread, where handlers cannot be set."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 def _ray_error(ray: Any, err: BaseException, target: str, phase: Optional[str] = None) -> BaseException:

@@ -10,6 +10,12 @@ audit goes). The report travels back as the pydantic JSON of :class:`~normaudit.
 
 :class:`Job` is one running worker: start several and collect them in turn to audit targets in parallel.
 Where ``fork`` does not exist (Windows) the audit runs in the process itself, without a deadline.
+
+A worker never outlives the process that forked it, whatever ends that process (SIGKILL included, which no
+handler sees): on Linux it asks the kernel for SIGKILL when its parent ends (``prctl(PR_SET_PDEATHSIG)``,
+prctl(2)) right after the fork; elsewhere a watchdog thread blocks on a pipe whose only write end the parent
+holds, and ends the worker when the read returns end-of-file (the kernel closes the parent's descriptors as
+it dies). The command line kills its workers itself on SIGINT and SIGTERM (:mod:`normaudit.cli`).
 :func:`normaudit.audit.run_audit` (and :mod:`normaudit.testing`) always run in the calling process.
 """
 from __future__ import annotations
@@ -31,6 +37,9 @@ from typing import Any, Callable, Optional
 from normaudit.errors import UsageError
 from normaudit import phases
 from normaudit.phases import PHASES, phase
+
+#: prctl(2) option: the signal the kernel sends this process when the thread that forked it ends
+PR_SET_PDEATHSIG = 1
 
 @contextlib.contextmanager
 def collection_paused():
@@ -126,10 +135,72 @@ def _describe(exc: BaseException, target: str) -> tuple:
     return ("internal", type(exc).__name__, safe_str(exc, 500), detail)
 
 
-def _child(conn: Any, work: Callable[[], Any], target: str) -> None:
-    """The worker: run ``work`` (returns a pydantic model) with stdout sent to stderr; send back the result."""
+def _set_parent_death_signal() -> bool:
+    """Ask the Linux kernel to SIGKILL this process when its parent ends (``prctl(PR_SET_PDEATHSIG, SIGKILL)``,
+    through libc with ctypes); False where that is not available (not Linux, no libc, the call failed)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class _Lifeline:
+    """A pipe from this process to the workers it forks: the parent holds the only write end (each worker
+    closes its inherited copy at once), so a worker's read of the other end returns end-of-file exactly when
+    the parent has ended. Made once per process (a forked process makes its own)."""
+
+    pid = -1
+    read_fd = write_fd = -1
+
+    @classmethod
+    def ensure(cls) -> None:
+        """Create this process's pipe, if not yet done (descriptors not inherited by programs it executes)."""
+        if cls.pid != os.getpid():
+            cls.read_fd, cls.write_fd = os.pipe()
+            cls.pid = os.getpid()
+
+
+def _watch_parent() -> None:
+    """In a worker: close the inherited write end of the :class:`_Lifeline` and start a daemon thread that
+    ends the process (``os._exit``) once the parent's end is closed (the parent has died)."""
+    import threading
+
+    read_fd = _Lifeline.read_fd
+    with contextlib.suppress(OSError):
+        os.close(_Lifeline.write_fd)
+
+    def watch() -> None:
+        with contextlib.suppress(OSError):
+            while os.read(read_fd, 1):
+                pass
+        os._exit(1)
+
+    threading.Thread(target=watch, name="normaudit-parent-watchdog", daemon=True).start()
+
+
+def die_with_parent(parent: int) -> None:
+    """In a just-forked worker: make sure it ends when the process ``parent`` (the one that forked it) ends,
+    by :func:`_set_parent_death_signal` or else :func:`_watch_parent`; ends at once if the parent is already
+    gone (it died between the fork and this call)."""
+    if not _set_parent_death_signal():
+        _watch_parent()
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _child(conn: Any, work: Callable[[], Any], target: str, parent: int) -> None:
+    """The worker: run ``work`` (returns a pydantic model) with stdout sent to stderr; send back the result.
+    It dies with ``parent`` (:func:`die_with_parent`); SIGINT is ignored (the parent decides) and SIGTERM has
+    its default action again (the parent's handler, inherited through the fork, is the command line's)."""
+    die_with_parent(parent)
     phases.report_to(conn)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if not os.environ.get("NORMAUDIT_DEBUG"):
         faulthandler.disable()  # a crash of the model's code is the parent's one line, not a C stack dump
     torch = sys.modules.get("torch")
@@ -195,11 +266,13 @@ class Job:
         """Fork the worker; the deadline starts now."""
         ctx = multiprocessing.get_context("fork")
         receiver, sender = ctx.Pipe(duplex=False)
+        _Lifeline.ensure()
         sys.stdout.flush()
         sys.stderr.flush()
         with warnings.catch_warnings():  # "fork() of a multi-threaded process": the worker only runs the audit
             warnings.simplefilter("ignore", DeprecationWarning)
-            self.process = ctx.Process(target=_child, args=(sender, self.work, self.target), daemon=True)
+            self.process = ctx.Process(target=_child, args=(sender, self.work, self.target, os.getpid()),
+                                       daemon=True)
             # gc.freeze() before the fork, gc.unfreeze() after it in the parent (the recipe of the gc module's
             # docs): the worker's collections never walk the objects it inherited (torch, transformers:
             # ~10**6 of them), nor touch their pages (copy-on-write); the parent's collector is as it was.

@@ -58,19 +58,23 @@ from typing import NoReturn, Optional, Sequence
 
 from normaudit.cli.audit_command import cmd_audit
 from normaudit.cli.commands import COMMANDS
-from normaudit.cli.exits import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, internal_text
+from normaudit.cli.exits import (EXIT_INTERNAL, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, Terminated,
+                                 internal_text, sigterm_as_interrupt)
 from normaudit.errors import UsageError
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of the ``normaudit`` command; returns the exit status (0, 1, 2 or 3, see CONTRACT.md)."""
+    """Entry point of the ``normaudit`` command; returns the exit status (0, 1, 2 or 3, see CONTRACT.md; 130
+    after SIGINT and 143 after SIGTERM, the workers killed first)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    sigterm = sigterm_as_interrupt()
     try:
-        # A subcommand name wins over a same-named path (the repo's own rules/ directory); audit such a
-        # path as ./rules.
-        if argv and argv[0] in COMMANDS:
-            return COMMANDS[argv[0]](argv[1:])
-        return cmd_audit(argv)
+        with sigterm:
+            # A subcommand name wins over a same-named path (the repo's own rules/ directory); audit such a
+            # path as ./rules.
+            if argv and argv[0] in COMMANDS:
+                return COMMANDS[argv[0]](argv[1:])
+            return cmd_audit(argv)
     except UsageError as err:
         print(f"normaudit: error: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -78,9 +82,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")
         return EXIT_OK
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, Terminated) or sigterm.received:
+            print("normaudit: terminated (SIGTERM)", file=sys.stderr)
+            return EXIT_SIGTERM
         print("normaudit: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_SIGINT
     except SystemExit as exc:  # argparse --help/--version
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
     except Exception as exc:  # noqa: BLE001 - CONTRACT: internal errors are exit 3, one line
