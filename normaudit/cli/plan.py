@@ -151,6 +151,9 @@ def _preflight(opts: Any) -> None:
     """Cheap checks of one target's options, before any model is built (bad input fails fast)."""
     from normaudit.loaders.config import load_config
 
+    for path, what in ((opts.target, "target"), (opts.config, "config"), (opts.checkpoint, "checkpoint")):
+        if path:
+            _check_utf8_name(str(path), what)
     if opts.config:
         load_config(opts.config)
     if opts.checkpoint and not Path(opts.checkpoint).exists():
@@ -165,3 +168,14 @@ def _check_add_noqa(args: argparse.Namespace, plan_opts: list) -> None:
     if args.write_baseline:
         raise UsageError("--add-noqa and --write-baseline are two ways to adopt normaudit: give one")
     check_targets([o.target for o in plan_opts])
+
+
+def _check_utf8_name(path: str, what: str) -> None:
+    """Refuse a path that is not UTF-8 text (its undecodable bytes reach Python as lone surrogates, PEP 383):
+    the reports (JSON, SARIF) and the messages are UTF-8 and cannot hold it. The error shows the bytes."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError as err:
+        byte = ord(path[err.start]) - 0xDC00 if 0xDC80 <= ord(path[err.start]) <= 0xDCFF else ord(path[err.start])
+        raise UsageError(f"the {what}'s path is not UTF-8 text (byte 0x{byte:02x} at offset {err.start}), and "
+                         "normaudit's reports are: rename it", file=path) from None
