@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from normaudit.errors import UsageError
-from normaudit.loaders.safe_read import loads_json, read_regular, require_regular_file
+from normaudit.loaders.safe_read import loads_json, read_regular, require_regular_file, require_within
 from normaudit.quiet import quiet
 
 #: Weight files of a Hugging Face style directory (recorded, not read).
@@ -241,6 +241,7 @@ def load_hf_target(path: Path):
     if is_dir and not os.path.lexists(config_file):
         raise UsageError("no config.json in this directory", file=str(path))
     require_regular_file(config_file, "model config")
+    require_within(config_file, config_file.parent, "model config")
     data = _read_json(config_file)
     check_config_limits(data, str(config_file))
     notes: list[str] = []

@@ -79,6 +79,63 @@ def require_regular_file(path: Union[str, Path], what: str) -> os.stat_result:
     return st
 
 
+#: leading bytes of formats a file given as a checkpoint may turn out to be, and what each is called
+_MAGICS = ((b"PK\x03\x04", "a zip archive"), (b"PK\x05\x06", "an empty zip archive"), (b"\x1f\x8b", "a gzip file"),
+           (b"\x7fELF", "an ELF executable"), (b"GGUF", "a GGUF file"), (b"\x89HDF", "an HDF5 file"),
+           (b"\x93NUMPY", "a NumPy .npy file"), (b"\x89PNG", "a PNG image"), (b"%PDF", "a PDF document"),
+           (b"\x28\xb5\x2f\xfd", "a zstd file"), (b"BZh", "a bzip2 file"), (b"\xfd7zXZ", "an xz file"))
+
+
+def describe_content(head: bytes) -> str:
+    """What a file's first bytes ``head`` say it is, by type only (``a text file``, ``a zip archive``,
+    ``binary data of an unknown format``): messages never quote a file's bytes, which may be a secret the
+    file was linked to (a ``GITHUB_TOKEN=...`` file behind ``weights.bin``)."""
+    if not head:
+        return "an empty file (0 bytes)"
+    for magic, words in _MAGICS:
+        if head.startswith(magic):
+            return words
+    if looks_like_text(head):
+        return "a text file"
+    return "binary data of an unknown format (no magic number normaudit knows)"
+
+
+def looks_like_text(head: bytes) -> bool:
+    """True when ``head`` is printable UTF-8 text (tabs and newlines allowed), a character cut at its end
+    (up to 3 bytes) aside."""
+    for cut in range(min(4, len(head))):
+        try:
+            text = head[:len(head) - cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        return bool(text) and all(ch.isprintable() or ch in "\n\r\t" for ch in text)
+    return False
+
+
+def link_roots(folder: Union[str, Path]) -> list[str]:
+    """The real folders a file named in ``folder`` may lead to: ``folder`` itself (its own links resolved),
+    and for a snapshot of the Hugging Face hub's cache (``<repo>/snapshots/<revision>``, whose files are
+    links to ``<repo>/blobs/<hash>``, huggingface_hub's documented cache layout) the repo's ``blobs``."""
+    real = os.path.realpath(folder)
+    roots = [real]
+    parent = os.path.dirname(real)
+    if os.path.basename(parent) == "snapshots" and os.path.isdir(os.path.join(os.path.dirname(parent), "blobs")):
+        roots.append(os.path.join(os.path.dirname(parent), "blobs"))
+    return roots
+
+
+def require_within(path: Union[str, Path], folder: Union[str, Path], what: str) -> None:
+    """Refuse ``path`` (a file named in ``folder``) when its real path, symbolic links resolved, leaves
+    ``folder`` (see :func:`link_roots`): a link committed beside a checkpoint must not make normaudit read,
+    and describe, a file elsewhere (``w.bin -> ~/.ssh/id_rsa``). The UsageError names both paths."""
+    real = os.path.realpath(path)
+    if any(real == root or real.startswith(root.rstrip(os.sep) + os.sep) for root in link_roots(folder)):
+        return
+    raise UsageError(f"cannot read {what}: it is a symbolic link to {real!r}, outside the folder it was given in "
+                     f"({os.path.realpath(folder)!r}); normaudit reads nothing outside the folder given (name "
+                     "the real file to audit it)", file=str(path))
+
+
 def _readlink(p: str) -> str:
     try:
         return os.readlink(p)

@@ -19,7 +19,7 @@ from normaudit.errors import UsageError
 from normaudit.loaders.checkpoint.common import TORCH_SUFFIXES, json_type, one_line, read_json
 from normaudit.loaders.checkpoint.safetensors_file import SafetensorsReader
 from normaudit.loaders.checkpoint.torch_file import TorchReader
-from normaudit.loaders.safe_read import require_regular_file
+from normaudit.loaders.safe_read import require_regular_file, require_within
 
 
 def open_file(path: Path):
@@ -32,9 +32,9 @@ def open_file(path: Path):
 
 def _check_shard(index: Path, shard: str, tensors: int) -> None:
     """Refuse a shard the index names outside its own folder (``../x``, an absolute path), of an unknown
-    format, missing, or not a regular file. The check is on the name as written (lexical), so shards that
-    are symlinks into a cache (the Hugging Face hub's ``snapshots/*/x -> ../../blobs/sha``) stay readable;
-    the file they lead to must still be a regular file."""
+    format, missing, not a regular file, or a symbolic link whose real path leaves the index's folder
+    (:func:`normaudit.loaders.safe_read.require_within`: links into the Hugging Face hub cache's own
+    ``blobs``, ``snapshots/*/x -> ../../blobs/sha``, stay readable)."""
     holding = f"holding {tensors} tensor{'s' if tensors != 1 else ''}"
     parts = shard.replace("\\", "/").split("/")
     if os.path.isabs(shard) or shard.startswith(("/", "\\")) or ".." in parts or (len(shard) > 1 and shard[1] == ":"):
@@ -50,6 +50,7 @@ def _check_shard(index: Path, shard: str, tensors: int) -> None:
                          "index, found no such file", file=str(index))
     try:
         require_regular_file(path, "checkpoint shard")
+        require_within(path, index.parent, "checkpoint shard")
     except UsageError as err:
         raise UsageError(f"checkpoint index names shard {shard!r} ({holding}): {err.message}", file=str(index)) from None
 

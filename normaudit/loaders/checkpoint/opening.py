@@ -18,7 +18,7 @@ import torch
 from normaudit.errors import UsageError
 from normaudit.loaders.checkpoint.common import TORCH_SUFFIXES, read_json
 from normaudit.loaders.checkpoint.formats import ShardedReader, open_file
-from normaudit.loaders.safe_read import require_regular_file
+from normaudit.loaders.safe_read import require_regular_file, require_within
 
 # Directory layouts, in order of preference (Hugging Face names first).
 _DIR_WEIGHTS = ("model.safetensors.index.json", "model.safetensors",
@@ -71,8 +71,10 @@ class Checkpoint:
         self.config, self.config_source = self._find_config()
 
     def _find_config(self) -> tuple[Optional[dict], Optional[str]]:
-        sibling = (self.path if self.path.is_dir() else self.path.parent) / "config.json"
-        if sibling.is_file():
+        folder = self.path if self.path.is_dir() else self.path.parent
+        sibling = folder / "config.json"
+        if os.path.lexists(sibling) and not sibling.is_dir():  # a FIFO or a device named so is refused
+            require_within(sibling, folder, "config")
             cfg = read_json(sibling, "config")
             if isinstance(cfg, dict):
                 return cfg, str(sibling)
@@ -250,6 +252,9 @@ def open_checkpoint(path: str | Path, *, strip_model_prefix: bool = False) -> Ch
     ``pytorch_model.bin``; else its only index or weights file) and optionally ``config.json``.
     ``strip_model_prefix`` also strips a leading ``model.`` from the keys (see ``Checkpoint``).
 
+    A weights file (or index, or shard, or ``config.json`` beside it) that is a symbolic link whose real path
+    leaves its folder is refused (:func:`normaudit.loaders.safe_read.require_within`).
+
     Raises ``UsageError`` (with the file) for a missing path, an unknown extension, a directory without
     (or with several candidate) weights, a truncated or corrupted safetensors file, an index naming a
     missing shard, a torch file that ``weights_only=True`` refuses to unpickle, or an unreadable one.
@@ -258,6 +263,9 @@ def open_checkpoint(path: str | Path, *, strip_model_prefix: bool = False) -> Ch
     if not path.is_dir():
         require_regular_file(path, "checkpoint")
     weights = _resolve_dir(path) if path.is_dir() else path
+    # the weights file a directory holds, or a file given itself, must really be in that folder
+    require_within(weights, path if path.is_dir() else path.parent,
+                   "checkpoint" if weights == path else "checkpoint weights file")
     name = weights.name
     if name.endswith(".index.json"):
         reader = ShardedReader(weights)

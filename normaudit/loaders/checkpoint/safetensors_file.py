@@ -21,7 +21,7 @@ from safetensors import SafetensorError, safe_open
 
 from normaudit.errors import UsageError
 from normaudit.loaders.checkpoint.common import CONFIG_KEYS, json_type, one_line, parse_json
-from normaudit.loaders.safe_read import file_kind, loads_json, require_regular_file
+from normaudit.loaders.safe_read import looks_like_text, describe_content, file_kind, loads_json, require_regular_file
 
 _ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
               "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "U16": "uint16", "U32": "uint32",
@@ -75,6 +75,17 @@ class SafetensorsReader:
             raise UsageError(f"truncated safetensors file: {size} bytes, shorter than the 8-byte header length "
                              "field (expected 8 bytes of header length, then a JSON header)", file=str(path))
         (n,) = struct.unpack("<Q", head)
+        first = self._fh.read(1)
+        self._fh.seek(8)
+        if looks_like_text(head) or (first not in (b"{", b"[") and n > size - 8):
+            # Not laid out as safetensors (a length that fits the file, or JSON right after the length field;
+            # a real length's high bytes are 0, never text): said by type, since the length field as a
+            # number would spell the file's first 8 bytes (of a secret a link may lead to).
+            self._fh.seek(0)
+            found = describe_content(self._fh.read(64))
+            self._fh.seek(8)
+            raise UsageError("not a safetensors file: expected an 8-byte header length, then a JSON header, "
+                             f"found {found}", file=str(path))
         if n == 0 or n > size - 8:
             raise UsageError(f"corrupted or truncated safetensors file: the header length field says {n} bytes "
                              f"of JSON header, but the file holds {size - 8} bytes after it", file=str(path))

@@ -2,8 +2,9 @@
 
 :class:`TorchReader` finds the state_dict inside the containers training scripts save (``state_dict``,
 ``model``, ...) and an embedded config beside it. When torch refuses the file, :func:`scan_pickle` reads the
-pickle's opcodes (a parser: nothing is imported or built) to say why in one line: not a checkpoint at all,
-a corrupt zip or pickle, a plain pickle, or a pickle that needs code (naming the callables it calls).
+pickle's opcodes (a parser: nothing is imported or built) to say why in one line: not a checkpoint at all
+(said by type: text, another format; never quoting the file's bytes), a corrupt zip or pickle, a plain
+pickle, or a pickle that needs code (naming the callables it calls).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import torch
 
 from normaudit.errors import UsageError
 from normaudit.loaders.checkpoint.common import CONFIG_KEYS, one_line, parse_json
-from normaudit.loaders.safe_read import require_regular_file
+from normaudit.loaders.safe_read import describe_content, require_regular_file
 
 
 def _torch_reason(err: Exception) -> str:
@@ -89,15 +90,6 @@ def scan_pickle(data: bytes, max_pickles: int = 5) -> tuple[list[str], Optional[
     return found, None, count
 
 
-def _describe_start(head: bytes) -> str:
-    if not head:
-        return "an empty file (0 bytes)"
-    text = head.decode("utf-8", "replace")
-    if all(ch.isprintable() or ch in "\n\r\t" for ch in text[:32]):
-        return f"text starting {text[:32]!r}"
-    return f"bytes starting {head[:12].hex(' ')}"
-
-
 def _pickle_of(path: Path) -> tuple[Optional[bytes], str, Optional[str]]:
     """(the pickle bytes to scan, where they are, why the file is not a torch checkpoint at all, or None)."""
     size = path.stat().st_size
@@ -111,16 +103,18 @@ def _pickle_of(path: Path) -> tuple[Optional[bytes], str, Optional[str]]:
             with zipfile.ZipFile(path) as z:
                 names = z.namelist()
                 pkl = next((n for n in names if n.endswith("data.pkl") and n.count("/") == 1), None)
-                if pkl is None:
-                    return None, "", f"{expected}, found a zip archive without */data.pkl (members: " \
-                                     f"{one_line(', '.join(map(repr, names[:6])), 160)})"
+                if pkl is None:  # the members' names are the file's bytes: counted, never quoted
+                    return None, "", f"{expected}, found a zip archive without */data.pkl ({len(names)} " \
+                                     f"member{'s' if len(names) != 1 else ''}, none of them */data.pkl)"
                 with z.open(pkl) as member:
                     return member.read(_PICKLE_SCAN_BYTES), f"{pkl} in the zip archive", None
         except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, ValueError) as err:
             return None, "", f"{expected}, found a corrupt or truncated zip archive of {size} bytes " \
                              f"({one_line(err, 100)})"
-    if head[:1] != b"\x80" and not head[:1] in (b"(", b"}", b"]", b"c"):
-        return None, "", f"{expected}, found {_describe_start(head)}"
+    # torch.save pickles with protocol 2 or later, which starts with PROTO (0x80); anything else is described by
+    # type only (a text file read as protocol 0 would quote its lines as the names of globals)
+    if head[:1] != b"\x80":
+        return None, "", f"{expected}, found {describe_content(head[:64])}"
     return head, "the pickle", None
 
 
