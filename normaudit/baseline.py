@@ -22,7 +22,11 @@ from typing import Iterable, Optional
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError
 
 from normaudit.errors import UsageError
+from normaudit.loaders.safe_read import json_nesting, read_regular
 from normaudit.report import Finding, Report
+
+#: deepest nesting accepted in a baseline file (its own layout nests 4 levels; Python's json recurses per level)
+MAX_BASELINE_NESTING = 100
 
 BASELINE_VERSION = 1
 _FACTORY = re.compile(r"^(.*\.py):([A-Za-z_]\w*)$")
@@ -91,12 +95,17 @@ def write_baseline(path: str | Path, reports: Iterable[Report]) -> int:
 
 
 def load_baseline(path: str | Path) -> Baseline:
-    """Read and validate a baseline file. Raises UsageError naming the file (and line for bad JSON)."""
+    """Read and validate a baseline file. Raises UsageError naming the file (and line for bad JSON), also for
+    a baseline that is not a regular file (:func:`normaudit.loaders.safe_read.read_regular`)."""
     path = Path(path)
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise UsageError("baseline file not found (create it with --write-baseline)", file=str(path))
+    raw = read_regular(path, "baseline")  # a FIFO or a device is refused, never opened; size bounded
+    if json_nesting(raw) > MAX_BASELINE_NESTING:
+        raise UsageError(f"not a normaudit baseline: it nests lists/objects deeper than {MAX_BASELINE_NESTING} "
+                         "levels", file=str(path))
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(raw.decode("utf-8"))
     except json.JSONDecodeError as err:
         raise UsageError(f"invalid JSON in baseline: {err.msg}", file=str(path), line=err.lineno) from err
     except (OSError, UnicodeDecodeError) as err:

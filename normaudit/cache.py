@@ -37,6 +37,7 @@ import json
 import os
 import re
 import site
+import stat
 import sys
 import sysconfig
 import tempfile
@@ -71,15 +72,21 @@ def _safetensors_header(fh: Any, size: int) -> Optional[bytes]:
 
 
 def file_fingerprint(path: str | os.PathLike) -> Optional[str]:
-    """A digest of one regular file for the cache key, None when it cannot be read (then the key differs
-    from any stored one). Small files: their content; weight files above :data:`WHOLE_FILE_BYTES`: size and
+    """A digest of one regular file for the cache key, None when it cannot be read or is no regular file (a
+    FIFO, a device: never opened for reading; then the key differs from any stored one). Every read is
+    bounded by the size the opened file declares. Small files: their content; weight files above :data:`WHOLE_FILE_BYTES`: size and
     modification time (ns) with the safetensors header, or the first and last MiB of any other format."""
     p = Path(path)
     try:
-        st = p.stat()
-        with open(p, "rb") as fh:
+        if not stat.S_ISREG(os.stat(p).st_mode):
+            return None  # a FIFO, a device (/dev/zero behind a link) is never read: the audit refuses it
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())  # the file opened, which a rename may have swapped since the stat
+            if not stat.S_ISREG(st.st_mode):
+                return None
             if st.st_size <= WHOLE_FILE_BYTES:
-                return _sha(fh.read())
+                return _sha(fh.read(st.st_size))
             header = _safetensors_header(fh, st.st_size) if p.suffix == ".safetensors" else None
             if header is None:
                 fh.seek(0)

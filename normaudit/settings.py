@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from normaudit.errors import UsageError
+from normaudit.loaders.safe_read import read_regular, require_regular_file
 
 try:  # Python >= 3.11
     import tomllib
@@ -67,9 +68,11 @@ def find_settings_file(start: Optional[Path] = None) -> Optional[Path]:
     for directory in (here, *here.parents):
         for name in SETTINGS_FILES:
             candidate = directory / name
+            _refuse_special(candidate)
             if candidate.is_file():
                 return candidate
         pyproject = directory / "pyproject.toml"
+        _refuse_special(pyproject)
         if pyproject.is_file():
             data = _parse_toml(pyproject)
             if isinstance(data.get("tool"), dict) and "normaudit" in data["tool"]:
@@ -77,11 +80,25 @@ def find_settings_file(start: Optional[Path] = None) -> Optional[Path]:
     return None
 
 
-def _parse_toml(path: Path) -> dict[str, Any]:
+def _refuse_special(path: Path) -> None:
+    """Raise UsageError when a settings file's name leads to a FIFO, a device or a socket (never opened: a
+    read would block or not end); a missing name, a directory or a regular file pass."""
+    if path.exists() and not path.is_file() and not path.is_dir():
+        require_regular_file(path, "settings file")
+
+
+def _read_text(path: Path) -> str:
+    """The text of a settings file: a regular file only, size bounded
+    (:func:`normaudit.loaders.safe_read.read_regular`), UTF-8."""
+    raw = read_regular(path, "settings file")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
         raise UsageError(f"cannot read settings: {err}", file=str(path)) from err
+
+
+def _parse_toml(path: Path) -> dict[str, Any]:
+    text = _read_text(path)
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
@@ -129,7 +146,7 @@ def load_settings(path: Path) -> Settings:
     from normaudit.settings_schema import Settings
 
     path = Path(path)
-    if not path.is_file():
+    if not os.path.lexists(path) or path.is_dir():
         raise UsageError("settings file not found", file=str(path))
     data = _parse_toml(path)
     is_pyproject = path.name == "pyproject.toml"
@@ -140,7 +157,7 @@ def load_settings(path: Path) -> Settings:
         if not isinstance(section, dict):
             raise UsageError("[tool.normaudit] must be a table", file=str(path))
         data = section
-    text = path.read_text(encoding="utf-8")
+    text = _read_text(path)
     try:
         settings = Settings.model_validate(data)
     except ValidationError as err:

@@ -72,6 +72,10 @@ def load_model(target: str) -> ModelUnderAudit:
         return ModelUnderAudit(model=loaded.model, inputs=loaded.inputs, on_meta=loaded.on_meta, kind="python",
                                factory=loaded.factory, origins=loaded.origins, file=loaded.file,
                                notes=list(loaded.notes), build_fn=getattr(loaded.module, loaded.factory, None))
+    if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO, a device, a socket: never opened
+        from normaudit.loaders.safe_read import require_regular_file
+
+        require_regular_file(path, "target")
     if path.exists():
         from normaudit.phases import phase
 

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from normaudit.errors import UsageError
+from normaudit.loaders.safe_read import require_regular_file
 from normaudit.options import split_target  # noqa: F401 - in torch-free options for the CLI; imported from here too
 from normaudit.report import SourceLocation
 from normaudit.phases import in_worker, phase
@@ -192,6 +193,8 @@ def import_file(path: Path) -> ModuleType:
     Raises UsageError when the file is missing or its import raises.
     """
     if not path.is_file():
+        if os.path.lexists(path):  # a FIFO, a device (a link to /dev/zero), a directory: say which
+            require_regular_file(path, "model file")
         raise UsageError("no such file", file=str(path))
     plan = import_plan(path)
     clash = _package_clash(plan) if plan.package else None

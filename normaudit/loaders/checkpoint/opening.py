@@ -225,6 +225,16 @@ class Checkpoint:
         return f"Checkpoint({str(self.weights_path)!r}, format={self.format!r}, tensors={len(self)})"
 
 
+def _refuse_special_members(d: Path) -> None:
+    """Refuse a directory whose weights-like members (``*.safetensors``, ``*.bin``, ``*.index.json``,
+    ``config.json``...) include a FIFO, a device or a socket, or a link to one (``x.safetensors ->
+    /dev/zero``): such a name is never opened, whichever file the audit would have read."""
+    for p in sorted(d.iterdir()):
+        if p.name.endswith((".safetensors", ".index.json", *TORCH_SUFFIXES)) or p.name == "config.json":
+            if p.exists() and not p.is_file() and not p.is_dir():
+                require_regular_file(p, "checkpoint directory member")
+
+
 def _resolve_dir(d: Path) -> Path:
     # Anything but a directory counts as a candidate (a FIFO named model.safetensors is refused by its
     # reader, saying what it is, rather than skipped).
@@ -274,6 +284,12 @@ def open_checkpoint(path: str | Path, *, strip_model_prefix: bool = False) -> Ch
     else:
         raise UsageError(f"unknown checkpoint extension {weights.suffix or '(none)'!r} (expected .safetensors, "
                          ".pt, .pth, .bin, .ckpt, *.index.json or a directory)", file=str(weights))
+    if path.is_dir():  # after the reader's own checks, which name a bad shard as the index's
+        try:
+            _refuse_special_members(path)
+        except UsageError:
+            reader.close()
+            raise
     return Checkpoint(path, weights, reader, strip_model_prefix=strip_model_prefix)
 
 
