@@ -435,5 +435,5 @@ def run_audit(opts: AuditOptions, rules: Optional[dict[str, Rule]] = None) -> Re
 
     rules = rules if rules is not None else load_rules(opts.rules_dirs)
     with on_sys_path(target_search_paths(opts.target)):  # imports inside build_model()/forward, as at import
-        mua = load_model(opts.target)
+        mua = load_model(opts.target, opts.max_params)
         return build_report(opts, mua, rules)

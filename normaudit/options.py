@@ -9,6 +9,10 @@ from typing import Any, Optional
 #: Seconds a target may take for import, build, capture and probes (``--timeout``, ``timeout`` in settings;
 #: enforced by :mod:`normaudit.worker`).
 DEFAULT_TIMEOUT = 300.0
+#: ``--max-params`` default: the most parameters ``--probe numerics`` builds for real, and the most elements a
+#: model factory that cannot run on the meta device may allocate when built with real weights (10**9 float32
+#: values: 4 GB, what a shared CI runner can spare)
+DEFAULT_MAX_PARAMS = 1_000_000_000
 
 
 def split_target(spec: str) -> tuple[Path, Optional[str]]:
@@ -38,8 +42,9 @@ class AuditOptions:
     per_module_ignores: dict[str, list[str]] = field(default_factory=dict)
     #: A configuration mapping given in memory (``normaudit.testing``); wins over ``config``.
     config_data: Optional[dict[str, Any]] = None
-    #: ``--max-params``: the most parameters ``--probe numerics`` builds for real (default
-    #: ``normaudit.probes.numerics.DEFAULT_MAX_PARAMS``); above it the audit is refused (exit 2)
+    #: ``--max-params``: the most parameters ``--probe numerics`` builds for real, and the most elements a
+    #: factory that cannot run on the meta device may allocate when it is built with real weights (default
+    #: :data:`DEFAULT_MAX_PARAMS`); above it the audit is refused (exit 2)
     max_params: Optional[int] = None
     #: depth-independent capture (``normaudit.capture.repeats``): stacks of identical blocks captured as four
     #: blocks, their facts carried over; False captures every block (the report is the same)

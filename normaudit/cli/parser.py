@@ -105,7 +105,9 @@ def _add_rule_arguments(p: argparse.ArgumentParser) -> None:
                         "norms and headroom to the dtype's maximum; 'numerics-backward' adds one backward; "
                         "'numerics-autocast' keeps float32 weights and runs under torch.autocast instead of casting")
     p.add_argument("--max-params", type=_positive_int, metavar="N",
-                   help="the most parameters --probe numerics builds for real (default 1000000000); above it: exit 2")
+                   help="the most parameters --probe numerics builds for real, and the most tensor elements a "
+                        "build_model() that cannot run on the meta device may allocate when it is built with real "
+                        "weights (default 1000000000); above it: exit 2, before allocating")
 
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:

@@ -58,8 +58,10 @@ def _broken_link(path: Path) -> str:
     return f"dangling symbolic link to {os.readlink(path)!r}: no such file"
 
 
-def load_model(target: str) -> ModelUnderAudit:
-    """Build the model named by ``target`` (see the module docstring). Raises UsageError for bad targets."""
+def load_model(target: str, max_params: Optional[int] = None) -> ModelUnderAudit:
+    """Build the model named by ``target`` (see the module docstring); a model factory that must be built with
+    real weights may allocate at most ``max_params`` elements (``--max-params``, default
+    :data:`normaudit.options.DEFAULT_MAX_PARAMS`). Raises UsageError for bad targets."""
     from normaudit.loaders.pyfile import load_python_target, split_target
 
     path, _ = split_target(target)
@@ -68,7 +70,7 @@ def load_model(target: str) -> ModelUnderAudit:
     if path.suffix == ".py" and not path.exists():
         raise UsageError("no such file or directory", file=str(path))
     if path.suffix == ".py" or (path.is_file() and path.suffix == ""):
-        loaded = load_python_target(target)
+        loaded = load_python_target(target, max_params)
         return ModelUnderAudit(model=loaded.model, inputs=loaded.inputs, on_meta=loaded.on_meta, kind="python",
                                factory=loaded.factory, origins=loaded.origins, file=loaded.file,
                                notes=list(loaded.notes), build_fn=getattr(loaded.module, loaded.factory, None))
@@ -91,7 +93,7 @@ def load_model(target: str) -> ModelUnderAudit:
                          "with a Hugging Face config.json, a config.json, or package.module:factory", file=str(path))
     m = _MODULE_SPEC.match(target)
     if m and (":" in target or "." in target) and "/" not in target and "\\" not in target:
-        return load_module_target(m.group(1), m.group(2) or "build_model")
+        return load_module_target(m.group(1), m.group(2) or "build_model", max_params)
     raise UsageError("no such file or directory", file=str(path))
 
 
@@ -109,9 +111,10 @@ def _cwd_on_path():
                 sys.path.remove(cwd)
 
 
-def load_module_target(module_name: str, factory: str) -> ModelUnderAudit:
+def load_module_target(module_name: str, factory: str, max_params: Optional[int] = None) -> ModelUnderAudit:
     """Import ``module_name`` (from the current directory or the environment) and call ``factory()`` as for a
-    model file: on the meta device where possible, with an optional ``example_inputs()`` in the module.
+    model file: on the meta device where possible (else for real, at most ``max_params`` elements), with an
+    optional ``example_inputs()`` in the module.
 
     Nothing is written into the user's tree (no ``__pycache__``). Raises UsageError when the module cannot be
     found or imported, or the factory is missing or fails.
@@ -151,7 +154,7 @@ def load_module_target(module_name: str, factory: str) -> ModelUnderAudit:
     if fn is None or not callable(fn):
         raise UsageError(f"no callable {factory}() in module {module_name} (define one, or name it as "
                          f"{module_name}:NAME)", file=str(where))
-    model, inputs, on_meta, origins, notes = build_from_module(module, fn, factory, where)
+    model, inputs, on_meta, origins, notes = build_from_module(module, fn, factory, where, max_params)
     return ModelUnderAudit(model=model, inputs=inputs, on_meta=on_meta, kind="python",
                            factory=f"{module_name}:{factory}", origins=origins, file=str(where.resolve()),
                            notes=notes, build_fn=fn)

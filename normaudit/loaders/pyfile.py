@@ -26,8 +26,9 @@ import torch
 from torch import nn
 
 from normaudit.errors import UsageError
+from normaudit.loaders.allocation_cap import AllocationCap, refusal_text
 from normaudit.loaders.safe_read import require_regular_file
-from normaudit.options import split_target  # noqa: F401 - in torch-free options for the CLI; imported from here too
+from normaudit.options import DEFAULT_MAX_PARAMS, split_target  # noqa: F401 - in torch-free options for the CLI; imported from here too
 from normaudit.report import SourceLocation
 from normaudit.phases import in_worker, phase
 
@@ -423,9 +424,11 @@ class BuildMode(torch.overrides.TorchFunctionMode):
         return func(args[0], *rest, **kwargs)
 
 
-def _call(fn: Callable[[], Any], path: Path, what: str, mode: Optional[BuildMode] = None) -> Any:
-    """Call user code ``fn`` (under ``torch.device('meta')`` and ``mode`` when ``mode.meta``); any exception it
-    raises, ``SystemExit`` included, becomes a UsageError naming ``path`` (KeyboardInterrupt too in a worker)."""
+def _call(fn: Callable[[], Any], path: Path, what: str, mode: Optional[BuildMode] = None,
+          cap: Optional[AllocationCap] = None) -> Any:
+    """Call user code ``fn`` (under ``torch.device('meta')`` and ``mode`` when ``mode.meta``, under the
+    allocation ``cap`` when given); any exception it raises, ``SystemExit`` included, becomes a UsageError
+    naming ``path`` (KeyboardInterrupt too in a worker)."""
     old = sys.dont_write_bytecode
     sys.dont_write_bytecode = True
     try:
@@ -434,6 +437,8 @@ def _call(fn: Callable[[], Any], path: Path, what: str, mode: Optional[BuildMode
                 stack.enter_context(torch.device("meta"))
             if mode is not None:
                 stack.enter_context(mode)
+            if cap is not None:
+                stack.enter_context(cap)
             return fn()
     except KeyboardInterrupt as exc:
         if not in_worker():
@@ -457,10 +462,13 @@ class Build:
     meta_error: Optional[str] = None
 
 
-def build_model_from(fn: Callable[[], Any], factory: str, where: Path) -> Build:
+def build_model_from(fn: Callable[[], Any], factory: str, where: Path, max_params: Optional[int] = None) -> Build:
     """Call the factory on the meta device (no weight memory) when it allows it, else for real; both under
     :class:`BuildMode`. A real build is said in the notes and on stderr with the bytes its parameters and
-    buffers take. Raises UsageError naming ``where`` when the factory fails or returns no ``nn.Module``."""
+    buffers take; it may create at most ``max_params`` elements of tensors (default
+    :data:`normaudit.options.DEFAULT_MAX_PARAMS`), each counted before it is allocated
+    (:class:`~normaudit.loaders.allocation_cap.AllocationCap`). Raises UsageError naming ``where`` when the
+    factory fails, returns no ``nn.Module``, or its real build would pass that cap (naming the size)."""
     origins: dict[int, SourceLocation] = {}
     mode = BuildMode(meta=True)
     meta_error = None
@@ -473,10 +481,8 @@ def build_model_from(fn: Callable[[], Any], factory: str, where: Path) -> Build:
         # The factory may need real tensors (data-dependent init); build for real. If it fails again
         # the error is the user's and names their line.
         meta_error = _meta_cause(err, factory)
-        origins.clear()
         mode = BuildMode(meta=False)
-        with record_origins(origins, where):
-            model = _call(fn, where, f"{factory}() failed", mode)
+        model = _real_build(fn, factory, where, meta_error, origins, mode, max_params)
     if not isinstance(model, nn.Module):
         raise UsageError(f"{factory}() returned {type(model).__name__}, not a torch.nn.Module", file=str(where))
     build = Build(model=model, on_meta=meta_error is None, origins=origins, meta_error=meta_error)
@@ -492,6 +498,28 @@ def build_model_from(fn: Callable[[], Any], factory: str, where: Path) -> Build:
         build.notes.append(note)
         print(f"normaudit: note: {_display(where)}: {note}", file=sys.stderr)
     return build
+
+
+def _real_build(fn: Callable[[], Any], factory: str, where: Path, meta_error: str, origins: dict,
+                mode: BuildMode, max_params: Optional[int]) -> Any:
+    """The factory's second call, for real (it could not run on meta: ``meta_error``), under an
+    :class:`AllocationCap` of ``max_params`` elements; a refused allocation is a UsageError naming its size,
+    also when the user's code caught the refusal."""
+    limit = DEFAULT_MAX_PARAMS if max_params is None else int(max_params)
+    cap = AllocationCap(limit)
+    origins.clear()
+    try:
+        with record_origins(origins, where):
+            model = _call(fn, where, f"{factory}() failed", mode, cap)
+    except UsageError:
+        if cap.refused is None:
+            raise
+        model = None
+    if cap.refused is not None:
+        raise UsageError(f"{factory}() could not run on the meta device ({meta_error}), and building it with real "
+                         f"weights was refused before allocating {refusal_text(cap.refused, limit)}: raise "
+                         "--max-params to build it anyway", file=str(where))
+    return model
 
 
 def _meta_cause(err: BaseException, factory: str) -> str:
@@ -518,15 +546,17 @@ def _display(path: Path) -> str:
     return str(path)
 
 
-def build_from_module(module: ModuleType, fn: Callable[[], Any], factory: str, where: Path
+def build_from_module(module: ModuleType, fn: Callable[[], Any], factory: str, where: Path,
+                      max_params: Optional[int] = None
                       ) -> tuple[nn.Module, Any, bool, dict[int, SourceLocation], list[str]]:
-    """Build the model (:func:`build_model_from`) and call the module's ``example_inputs()`` if it has one.
+    """Build the model (:func:`build_model_from`, a real build capped at ``max_params`` elements) and call the
+    module's ``example_inputs()`` if it has one.
 
     Returns ``(model, inputs or None, on_meta, origins, notes)``. Raises UsageError naming ``where`` when the
     factory or ``example_inputs()`` raise, return the wrong type or ``example_inputs`` is not a function.
     """
     phase("build")
-    build = build_model_from(fn, factory, where)
+    build = build_model_from(fn, factory, where, max_params)
     inputs = None
     ex = getattr(module, "example_inputs", None)
     if ex is not None and not callable(ex):
@@ -557,8 +587,9 @@ def as_example_inputs(value: Any, where: Optional[str], refusal: str) -> Any:
     return value
 
 
-def load_python_target(spec: str) -> LoadedModel:
-    """Import the file, build the model (on the meta device when the factory allows it) and its inputs.
+def load_python_target(spec: str, max_params: Optional[int] = None) -> LoadedModel:
+    """Import the file, build the model (on the meta device when the factory allows it, else for real with at
+    most ``max_params`` elements: :func:`build_model_from`) and its inputs.
 
     Raises UsageError when the file cannot be imported, the factory is missing or not callable, it does
     not return an ``nn.Module``, or ``build_model()``/``example_inputs()`` raise.
@@ -570,7 +601,7 @@ def load_python_target(spec: str) -> LoadedModel:
     if fn is None or not callable(fn):
         raise UsageError(f"no callable {factory}() (define one, or name the factory as FILE.py:NAME)",
                          file=str(path))
-    model, inputs, on_meta, origins, notes = build_from_module(module, fn, factory, path)
+    model, inputs, on_meta, origins, notes = build_from_module(module, fn, factory, path, max_params)
     return LoadedModel(model=model, inputs=inputs, on_meta=on_meta, file=str(path.resolve()),
                        factory=factory, module=module, origins=origins, notes=notes)
 

@@ -44,6 +44,7 @@ from torch import nn
 from normaudit.errors import UsageError
 from normaudit.facts.context import FactContext, Facts
 from normaudit.facts.numerics import DTYPE_MAX, bound_from_values
+from normaudit.options import DEFAULT_MAX_PARAMS
 from normaudit.phases import phase
 from normaudit.probes.common import call_model, materialise, one_line, out_tensor
 from normaudit.quiet import quiet
@@ -51,8 +52,6 @@ from normaudit.report import ModuleNumerics, NumericsReport, SiteNumerics, Tenso
 from normaudit.vocabulary.dtypes import torch_dtype
 
 
-#: ``--max-params`` default: models above it are refused by ``--probe numerics`` (exit 2)
-DEFAULT_MAX_PARAMS = 1_000_000_000
 #: a row is eps-dominated when its statistic is below this many times eps
 EPS_DOMINATED_FACTOR = 10.0
 #: modules kept in ``NumericsReport.before`` (the calls that returned just before the producer)
