@@ -285,7 +285,8 @@ def _site_weights(ckpt, site, names: list[str], roles: dict[str, str], mapping: 
     if ckpt_keys:
         from normaudit.loaders.checkpoint import group_weight_stats
 
-        ws = group_weight_stats(ckpt, ckpt_keys, gain=gain_key, bias=bias_key)
+        eps = site.eps if site.kind == "BatchNorm" and isinstance(site.eps, (int, float)) else None
+        ws = group_weight_stats(ckpt, ckpt_keys, gain=gain_key, bias=bias_key, eps=eps)
     else:
         ws = WeightStats(source="checkpoint", keys=[], bias_present=False)
     ws.missing = [_fqn(site.module, n) for n in missing]

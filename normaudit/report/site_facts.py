@@ -80,6 +80,13 @@ class WeightStats(_Model):
     #: model + checkpoint: parameters whose checkpoint tensor has another shape than the model's (a k_norm
     #: saved with q_norm's size under grouped-query attention)
     shape_mismatch: list["ShapeMismatch"] = Field(default_factory=list)
+    #: BatchNorm running variance: its checkpoint key, its smallest finite value, the eps it was checked with
+    #: (the site's, else PyTorch's BatchNorm default 1e-5), and the channels (0-based) where
+    #: ``running_var + eps <= 0``, for which eval mode's ``sqrt(running_var + eps)`` is NaN or 0
+    running_var_key: Optional[str] = None
+    running_var_min: Optional[float] = None
+    running_var_eps: Optional[float] = None
+    running_var_invalid: list[int] = Field(default_factory=list)
 
     def classify_centre(self) -> None:
         """Set ``gain_centre`` from the gain statistics: ``zero`` when |mean| <= 0.25 with at least 20%

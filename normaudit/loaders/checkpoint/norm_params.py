@@ -63,8 +63,13 @@ def _name_says_norm(name: str) -> bool:
     return "norm" in name.lower() or bool(_tokens(name) & {"ln", "bn", "gn", "rms"})
 
 
+#: PyTorch's BatchNorm eps (``torch.nn.BatchNorm2d(eps=1e-05)``): the one a running variance is checked with
+#: when the model, and so its own eps, is unknown
+BATCHNORM_DEFAULT_EPS = 1e-5
+
+
 def group_weight_stats(ckpt: Checkpoint, keys: Iterable[str], *, gain: Optional[str] = None,
-                       bias: Optional[str] = None) -> WeightStats:
+                       bias: Optional[str] = None, eps: Optional[float] = None) -> WeightStats:
     """``WeightStats`` over the tensors of one norm, given its checkpoint keys (leaf names ``weight``/
     ``gamma``/``scale``, ``bias``/``beta``, ``running_mean``, ``running_var``, ``num_batches_tracked``).
 
@@ -75,7 +80,8 @@ def group_weight_stats(ckpt: Checkpoint, keys: Iterable[str], *, gain: Optional[
     no finite entry), ``gain_negative_fraction`` the share of them below 0; ``nonfinite``: NaN/inf count over
     all the tensors; ``running_state``: ``initial`` when running_mean is all 0, running_var all 1 and
     num_batches_tracked 0 or absent, else ``trained`` (None without running statistics). ``shape``/``dtype``:
-    those of the gain (else bias, else stats).
+    those of the gain (else bias, else stats). ``running_var_*``: the running variance checked against
+    ``eps`` (the norm's, else :data:`BATCHNORM_DEFAULT_EPS`), see :func:`_running_var_stats`.
     """
     keys = list(keys)
     by_leaf = {k.rsplit(".", 1)[-1]: k for k in keys}
@@ -108,8 +114,23 @@ def group_weight_stats(ckpt: Checkpoint, keys: Iterable[str], *, gain: Optional[
         initial = ((rm is None or bool((rm == 0).all())) and (rv is None or bool((rv == 1).all()))
                    and not stats.num_batches_tracked)
         stats.running_state = "initial" if initial else "trained"
+    if rv is not None and rv.is_floating_point():
+        _running_var_stats(stats, stat_keys["running_var"], rv, BATCHNORM_DEFAULT_EPS if eps is None else eps)
     stats.classify_centre()
     return stats
+
+
+def _running_var_stats(stats: WeightStats, key: str, rv: torch.Tensor, eps: float) -> None:
+    """Fill ``stats.running_var_*`` from the running variance ``rv`` (1-D, one entry per channel): in eval mode
+    BatchNorm divides by ``sqrt(running_var + eps)`` (PyTorch docs, ``torch.nn.BatchNorm2d``), NaN for a
+    channel where ``running_var + eps < 0`` and a division by zero where it is 0. NaN and inf entries are
+    left to the non-finite count (``nonfinite``)."""
+    v = rv.float().reshape(-1)  # the sum as eval mode computes it, in float32: -1e-5 + 1e-5 is 0 there
+    finite = torch.isfinite(v)
+    stats.running_var_key, stats.running_var_eps = key, float(eps)
+    if bool(finite.any()):
+        stats.running_var_min = float(v[finite].min())
+    stats.running_var_invalid = [int(i) for i in torch.nonzero(finite & (v + eps <= 0)).reshape(-1)]
 
 
 def _guess_kind(name: str, leaves: set[str]) -> tuple[str, str]:
