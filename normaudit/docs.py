@@ -9,6 +9,9 @@ a test can regenerate them and compare with the committed ones. Regenerate after
     normaudit docs --output docs/rules       # the same, anywhere
     python -m normaudit.docs --check         # exit 1 naming the stale pages, write nothing
 
+An installed (non-editable) normaudit run in the source checkout documents the checkout's ``rules/`` into its
+``docs/rules/`` (:func:`default_locations`).
+
 SARIF ``helpUri`` and ``normaudit rules --format json`` point at :func:`doc_path`.
 """
 from __future__ import annotations
@@ -170,16 +173,23 @@ def write_pages(output: Path, pages: dict[str, str]) -> list[str]:
     return changed
 
 
-def default_output() -> Path:
-    """``docs/rules`` of the source checkout this normaudit runs from (beside ``rules/``). Raises UsageError
-    for an installed normaudit (its rules are ``normaudit/_rules``): nothing is written into site-packages."""
+def default_locations() -> tuple[Optional[Path], Path]:
+    """(the rules directory to document, None for the shipped rules; where the pages go) when neither is
+    given: ``docs/rules`` of the source checkout this normaudit runs from (beside ``rules/``); for an
+    installed normaudit (its rules are ``normaudit/_rules``, and nothing is written into site-packages), the
+    checkout in the current directory, when it holds ``rules/`` and ``docs/rules/`` (a non-editable install
+    run in the source tree), its own rules documented. Raises UsageError otherwise."""
     from normaudit.engine.loader import builtin_rules_dir
     from normaudit.errors import UsageError
 
     rules = builtin_rules_dir()
-    if rules.name != "rules":
-        raise UsageError("normaudit is installed, not run from a source checkout: give --output DIR")
-    return rules.parent / DOCS_DIR
+    if rules.name == "rules":
+        return None, rules.parent / DOCS_DIR
+    here = Path.cwd()
+    if (here / "rules").is_dir() and (here / DOCS_DIR).is_dir():
+        return here / "rules", here / DOCS_DIR
+    raise UsageError("normaudit is installed, not run from a source checkout, and the current directory holds no "
+                     f"rules/ and {DOCS_DIR}/: give --output DIR (and --from RULES_DIR)")
 
 
 def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m normaudit.docs") -> int:
@@ -196,8 +206,13 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "python -m normaudit.
     args = p.parse_args(argv)
     if args.source and not Path(args.source).is_dir():
         raise UsageError("rules directory not found", file=args.source)
-    output = Path(args.output) if args.output else default_output()
-    pages = generate(shipped_rules(Path(args.source)) if args.source else None)
+    source = Path(args.source) if args.source else None
+    if args.output:
+        output = Path(args.output)
+    else:
+        found, output = default_locations()
+        source = source or found
+    pages = generate(shipped_rules(source) if source else None)
     if args.check:
         stale = stale_pages(output, pages)
         for name in stale:

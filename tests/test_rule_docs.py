@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from normaudit.cli import main
-from normaudit.docs import DOCS_DIR, RuleFile, default_output, doc_path, generate, rule_page, shipped_rules, stale_pages
+from normaudit.docs import DOCS_DIR, RuleFile, default_locations, doc_path, generate, rule_page, shipped_rules, stale_pages
 from normaudit.engine.loader import builtin_rules_dir
 from normaudit.engine.schema import Rule
 
@@ -20,8 +20,8 @@ def test_committed_docs_are_current():
     ``python -m normaudit.docs``."""
     if builtin_rules_dir().name == "_rules":
         pytest.skip("an installed normaudit: docs/ is in the source checkout only")
-    assert default_output() == ROOT / DOCS_DIR
-    stale = stale_pages(default_output(), generate())
+    assert default_locations() == (None, ROOT / DOCS_DIR)
+    stale = stale_pages(ROOT / DOCS_DIR, generate())
     assert stale == [], f"stale rule docs {stale}: run 'python -m normaudit.docs'"
 
 
@@ -141,9 +141,36 @@ def test_docs_command_never_writes_into_an_installed_normaudit(capsys, tmp_path,
     installed = tmp_path / "site-packages" / "normaudit" / "_rules"
     monkeypatch.setattr(loader, "builtin_rules_dir", lambda: installed)
     monkeypatch.setattr("normaudit.docs.shipped_rules", lambda root=None: [])
+    monkeypatch.chdir(tmp_path)  # no checkout here
     assert main(["docs"]) == 2
-    assert capsys.readouterr().err.strip() == ("normaudit: error: normaudit is installed, not run from a source "
-                                               "checkout: give --output DIR")
+    assert capsys.readouterr().err.strip() == (
+        "normaudit: error: normaudit is installed, not run from a source checkout, and the current directory holds "
+        "no rules/ and docs/rules/: give --output DIR (and --from RULES_DIR)")
     assert not (tmp_path / "site-packages" / "normaudit" / "docs").exists()
     assert main(["docs", "--from", str(tmp_path / "nowhere")]) == 2
-    assert capsys.readouterr().err.strip() == f"normaudit: error: {tmp_path / 'nowhere'}: rules directory not found"
+    assert capsys.readouterr().err.strip() == "normaudit: error: nowhere: rules directory not found"
+
+
+def test_installed_normaudit_run_in_the_source_checkout_checks_its_docs(capsys, tmp_path, monkeypatch):
+    """A non-editable install run in the checkout (the README's install): ``normaudit docs --check`` documents
+    ./rules against ./docs/rules, instead of saying it is not run from a source checkout."""
+    import shutil
+
+    from normaudit.engine import loader
+
+    monkeypatch.setattr(loader, "builtin_rules_dir", lambda: tmp_path / "site-packages" / "normaudit" / "_rules")
+    checkout = tmp_path / "normaudit-src"
+    shutil.copytree(ROOT / "rules", checkout / "rules")
+    shutil.copytree(ROOT / DOCS_DIR, checkout / DOCS_DIR)
+    monkeypatch.chdir(checkout)
+    assert default_locations() == (checkout / "rules", checkout / DOCS_DIR)
+    assert main(["docs", "--check"]) == 0
+    assert capsys.readouterr().err == ""
+    rule = next((checkout / "rules" / "eps").glob("NE103-*.yaml"))
+    rule.write_text(rule.read_text().replace("why: >-", "why: >-\n    Edited.", 1))
+    assert main(["docs", "--check"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"{checkout / DOCS_DIR / 'NE103.md'}: stale (run normaudit docs)"]
+    assert main(["docs"]) == 0
+    assert "Edited." in (checkout / DOCS_DIR / "NE103.md").read_text()
+    assert not (tmp_path / "site-packages").exists()
