@@ -14,6 +14,7 @@ from typing import Literal, Optional, Union
 from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, PrivateAttr, StrictBool, StrictInt,
                       StrictStr, field_validator)
 
+from normaudit.options import parse_axis_spec
 from normaudit.vocabulary.dtypes import AUDIT_DTYPES
 
 Dtype = Literal[AUDIT_DTYPES]  # type: ignore[valid-type]
@@ -22,9 +23,7 @@ FailOn = Literal["error", "warning", "info", "never"]
 
 def _check_axes(value: Optional[str]) -> Optional[str]:
     if value is not None:
-        from normaudit.facts.axes import parse_input_axes
-
-        parse_input_axes(value)  # ValueError -> a validation error naming the key
+        parse_axis_spec(value)  # ValueError -> a validation error naming the key; torch-free (the cache path)
     return value
 
 

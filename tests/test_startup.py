@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = Path(__file__).parent / "fixtures" / "cli" / "tiny.py"
@@ -99,6 +102,44 @@ def test_a_run_answered_from_the_cache_imports_no_torch(tmp_path):
     assert second.returncode == 1
     assert second.stdout == first.stdout
     assert [s["module"] for s in json.loads(second.stdout)["sites"]] == ["layers.0.norm", "layers.1.norm", "final"]
+
+
+@pytest.mark.parametrize("where", ["flag", "settings"])
+def test_a_run_answered_from_the_cache_imports_no_torch_with_input_axes(tmp_path, where):
+    """``--input-axes`` (or ``input-axes`` in the settings) is checked by a torch-free parser: the cached run
+    still imports no torch (the capture's parser in normaudit.facts.axes imports torch and the capture)."""
+    shutil.copy(TINY, tmp_path / "tiny.py")
+    shutil.copytree(TINY.parent / "rules", tmp_path / "rules")
+    env = {"NORMAUDIT_CACHE_DIR": str(tmp_path / "cache"), "NORMAUDIT_NO_CACHE": "", "PYTHONPATH": str(ROOT)}
+    argv = ["tiny.py", "--rules", "rules", "--select", "NZ", "--format", "json"]
+    if where == "flag":
+        argv += ["--isolated", "--input-axes", "B,S"]
+    else:
+        (tmp_path / "normaudit.toml").write_text('input-axes = "batch,sequence"\n')
+    for _ in range(3):
+        first = subprocess.run([sys.executable, "-m", "normaudit", *argv], cwd=tmp_path,
+                               env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+        assert first.returncode == 1, first.stderr
+        second = run_blocked(*argv, cwd=tmp_path, env=env)
+        _check_no_torch(second)
+        if second.returncode != 3:
+            break
+    assert (second.returncode, second.stdout) == (1, first.stdout)
+
+
+def test_the_torch_free_axis_parser_agrees_with_the_capture_s():
+    from normaudit.facts.axes import BASE, LETTERS, parse_input_axes
+    from normaudit.options import AXIS_LABELS, AXIS_LETTERS, parse_axis_spec
+
+    assert (AXIS_LETTERS, AXIS_LABELS) == (LETTERS, BASE)
+    for spec in ("B,C,H,W", "batch, sequence ,feature", "n,t,e", "K", "B,,C", "", " ", "B,X", "bogus"):
+        try:
+            expected = [label for (label,) in parse_input_axes(spec)]
+        except ValueError as err:
+            with pytest.raises(ValueError, match=re.escape(str(err))):
+                parse_axis_spec(spec)
+        else:
+            assert parse_axis_spec(spec) == expected
 
 
 #: Runs the command's entry point (``normaudit.cli.run``, what the console script and ``python -m normaudit``

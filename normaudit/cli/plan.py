@@ -11,7 +11,7 @@ from typing import Any
 
 from normaudit.cli.outputs import OutputSpec, check_writable, inputs_of_run, refuse_overwriting_inputs
 from normaudit.errors import UsageError
-from normaudit.options import DEFAULT_TIMEOUT
+from normaudit.options import DEFAULT_TIMEOUT, parse_axis_spec
 
 
 @dataclass
@@ -52,10 +52,8 @@ def plan_run(args: argparse.Namespace, settings: Any, outputs: list[OutputSpec])
         _check_add_noqa(args, plan_opts)
     _check_run_selectors(args, settings, plan_opts[0], rules)
     if args.input_axes is not None:
-        from normaudit.facts.axes import parse_input_axes
-
         try:
-            parse_input_axes(args.input_axes)
+            parse_axis_spec(args.input_axes)  # torch-free: a run answered from the cache imports no torch
         except ValueError as err:
             raise UsageError(f"--input-axes {args.input_axes!r}: {err}") from None
     for opts in plan_opts:
