@@ -17,9 +17,17 @@ ones by a class name with "norm" and 1-D parameters) is *unused* when
 
 Each :class:`normaudit.report.UnusedNorm` names the module path, its class, its ``state_dict`` keys, and with
 ``--checkpoint`` the checkpoint keys holding its weights (trained weights of a norm the forward skips).
+
+A norm module whose forward returns its input unchanged (an identity class monkeypatched over
+``nn.LayerNorm``) also leaves no node, though the forward calls it: :func:`identity_norms` tells it apart by
+tracing the module, and its parent with it kept as one call; such modules are reported as computing no norm
+(``model.identity_norms``), not as never applied.
 """
 from __future__ import annotations
 
+import contextlib
+import io
+import warnings
 from typing import Any, Optional
 
 from normaudit.facts.context import FactContext, Facts
@@ -27,7 +35,7 @@ from normaudit.report import UnusedNorm
 from normaudit.vocabulary.graph import module_stack
 
 
-__all__ = ["called_modules", "unused_norms"]
+__all__ = ["called_modules", "unused_norms", "identity_norms", "identity_notes"]
 
 
 def _under(path: str, prefix: str) -> bool:
@@ -88,6 +96,75 @@ def unused_norms(ctx: Any, records: list) -> list[UnusedNorm]:
                               checkpoint_keys=_checkpoint_keys(getattr(ctx, "checkpoint", None), cap.root, keys),
                               source=rec.site.definition))
     return out
+
+
+def returns_input(mod: Any) -> bool:
+    """True when ``mod``'s forward, traced symbolically on its own (``torch.fx``: proxies, no numbers), returns
+    its first input unchanged: a norm class replaced by an identity (``nn.LayerNorm = Identity`` in a test
+    helper or a "no norm" switch) leaves no node in any graph, so it looks never called. False where the
+    trace fails (the forward is not symbolically traceable)."""
+    from torch import fx
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            graph = fx.Tracer().trace(mod)
+    except Exception:  # noqa: BLE001 - user code under tracing may raise anything
+        return False
+    out = next((n for n in graph.nodes if n.op == "output"), None)
+    result = out.args[0] if out is not None and out.args else None
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    return bool(placeholders) and result is placeholders[0]
+
+
+def called_by(parent: Any, child: Any) -> Optional[bool]:
+    """Whether ``parent``'s forward calls its submodule ``child``: ``parent`` traced symbolically with ``child``
+    kept as one call (a leaf); None where the trace fails."""
+    from torch import fx
+
+    class _ChildLeaf(fx.Tracer):
+        def is_leaf_module(self, m: Any, qualname: str) -> bool:
+            return m is child or super().is_leaf_module(m, qualname)
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            graph = _ChildLeaf().trace(parent)
+    except Exception:  # noqa: BLE001 - user code under tracing may raise anything
+        return None
+    return any(n.op == "call_module" and parent.get_submodule(str(n.target)) is child for n in graph.nodes)
+
+
+def identity_norms(modules: dict, paths: list[str]) -> tuple[list[str], list[str]]:
+    """Of the norm modules at ``paths`` (in ``modules``, ``named_modules()`` of the model) that no graph shows
+    computing anything, those whose forward returns its input unchanged (:func:`returns_input`): (the ones
+    their parent's forward calls, the ones where the parent cannot be traced to tell). Those the parent
+    never calls stay unused norms."""
+    called, unknown = [], []
+    for path in dict.fromkeys(paths):
+        mod, parent = modules.get(path), modules.get(path.rpartition(".")[0])
+        if mod is None or parent is None or not returns_input(mod):
+            continue
+        calls = called_by(parent, mod)
+        if calls is None:
+            unknown.append(path)
+        elif calls:
+            called.append(path)
+    return called, unknown
+
+
+def identity_notes(called: list[str], unknown: list[str], modules: dict) -> list[str]:
+    """Report notes naming the norm modules that compute no norm (:func:`identity_norms`)."""
+    notes = []
+    for paths, what in ((called, "called by the forward but compute no norm"), (unknown, "compute no norm")):
+        if not paths:
+            continue
+        classes = ", ".join(dict.fromkeys(type(modules[p]).__name__ for p in paths))
+        names = ", ".join(paths[:6]) + (f" and {len(paths) - 6} more" if len(paths) > 6 else "")
+        notes.append(f"{len(paths)} norm module(s) {what}: the forward of their class ({classes}) returns its "
+                     f"input unchanged, so nothing is normalised (a norm class replaced by an identity, as when "
+                     f"one is monkeypatched over nn.LayerNorm): {names}")
+    return notes
 
 
 def unused_note(unused: list[UnusedNorm]) -> Optional[str]:

@@ -75,6 +75,9 @@ class ModelFacts(_Model):
     unused_norms: list[UnusedNorm] = Field(default_factory=list)
     #: a pre-LN stream that leaves the stack un-normalised (``normaudit.facts.placement.stream_end``), None where none does
     stream_end: Optional[StreamEnd] = None
+    #: norm modules whose forward returns its input unchanged (``normaudit.facts.usage.identity_norms``: an
+    #: identity class monkeypatched over ``nn.LayerNorm``): called, they normalise nothing
+    identity_norms: list[str] = Field(default_factory=list)
     #: GroupNorm group counts of the configuration that do not divide the channels it declares
     #: (``normaudit.facts.batchnorm``)
     groupnorm_config: list[GroupNormProblem] = Field(default_factory=list)
