@@ -353,7 +353,26 @@ def check_inputs_fit(cap: Any, inputs: Any, dtype: torch.dtype, where: str) -> N
         names = {type(e).__name__ for e in _chain(exc)}
         if names & set(_FAKE_LIMITS):
             return
-        raise user_error(exc, Path(where), "the model's forward fails on its example_inputs()") from exc
+        err = user_error(exc, Path(where), "the model's forward fails on its example_inputs()")
+        if dtype != torch.float32:
+            err = _blame_dtype_mismatch(err, root, fake_inputs(inputs, mode, dtype), mode, where, dtype)
+        raise err from exc
+
+
+def _blame_dtype_mismatch(err: UsageError, root: nn.Module, args: Any, mode: Any, where: str,
+                          dtype: torch.dtype) -> UsageError:
+    """``err`` (the forward failed in a reduced precision) pointed at the first module whose input dtype
+    differs from its weights' (:func:`normaudit.probes.dtype_mismatch.first_dtype_mismatch`), with the line that
+    calls it: on fake tensors a float32 tensor the forward made passes a float16 Linear and fails modules later.
+    ``err`` unchanged when every module's inputs match its weights."""
+    from normaudit.probes.dtype_mismatch import first_dtype_mismatch, mismatch_advice
+
+    found = first_dtype_mismatch(root, args, mode, where)
+    if found is None:
+        return err
+    name = str(dtype).removeprefix("torch.")
+    return UsageError(f"{err.message}; {mismatch_advice(found, name)}", file=err.file,
+                      line=found.line if found.line is not None else err.line)
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
