@@ -360,7 +360,7 @@ def test_a_lone_failing_target_still_writes_sarif_and_json(capsys, tmp_path, mon
     assert doc["summary"] == {"targets": 1, "failed": 1, "errors": 0, "warnings": 0, "infos": 0}
     # the same documents as a run of several targets gives
     rc, out, err, log2, doc2 = _failed_outputs(capsys, tmp_path, "crash.py", "missing.py")
-    assert rc == 2 and out == "No findings. 2 targets failed.\n"
+    assert rc == 2 and out == "No findings in 2 targets (2 failed).\n"
     assert log2["runs"][0]["invocations"][0]["toolExecutionNotifications"][0] == notification
     assert log2["runs"][0]["invocations"][0]["toolExecutionNotifications"][1]["message"]["text"] == \
         "missing.py: no such file or directory"

@@ -72,6 +72,28 @@ def test_concise_quiet_without_findings_prints_nothing(report):
     assert concise.summary_line(2, 1, 0, failed=2) == "Found 3 findings: 2 errors, 1 warning. 2 targets failed."
 
 
+def test_concise_summary_of_several_targets_says_how_many():
+    assert concise.summary_line(2, 1, 0, targets=3) == "Found 3 findings in 3 targets: 2 errors, 1 warning."
+    assert concise.summary_line(0, 0, 0, targets=2) == "No findings in 2 targets."
+    assert concise.summary_line(1, 0, 0, failed=1, targets=4) == "Found 1 finding in 4 targets (1 failed): 1 error."
+    assert concise.summary_line(0, 0, 0, failed=2, targets=2) == "No findings in 2 targets (2 failed)."
+    assert concise.summary_line(9, 0, 0, lines=5, baselined=2, targets=2) == \
+        "Found 9 new findings in 2 targets (5 lines, grouped by layer) (2 in the baseline): 9 errors."
+    assert concise.summary_line(2, 0, 0, targets=1) == "Found 2 findings: 2 errors."
+
+
+def test_concise_run_of_several_targets_ends_with_their_count(tmp_path, capsys, monkeypatch):
+    from normaudit.cli import main
+
+    tiny = Path(__file__).parent / "fixtures" / "cli" / "tiny.py"
+    monkeypatch.chdir(tmp_path)
+    for name in ("a.py", "b.py"):
+        shutil.copy(tiny, tmp_path / name)
+    main(["a.py", "b.py", "missing.py", "--format", "concise", "--isolated", "--no-cache", "--select", "NE"])
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.endswith(" in 3 targets (1 failed).") or " in 3 targets (1 failed): " in last, last
+
+
 def test_concise_escapes_control_characters(report):
     report.findings = [report.findings[0].model_copy(update={
         "module": "h\x1b[31m.0", "message": "eps\nis\u202ewrong"})]

@@ -168,7 +168,7 @@ def render_results(fmt: str, results: list[TargetResult], rules: dict, multi: bo
     if fmt == "concise":
         from normaudit.render.concise import render_many
 
-        return render_many([r.report for r in done], options, failed=len(errors))
+        return render_many([r.report for r in done], options, failed=len(errors), targets=len(results) if multi else None)
     render = get_renderer(fmt)
     if not multi and done:
         return render(done[0].report, rules, options)

@@ -56,26 +56,31 @@ def without_label(message: str, label: str) -> str:
 
 
 def summary_line(errors: int, warnings: int, infos: int, failed: int = 0, lines: Optional[int] = None,
-                 baselined: int = 0) -> str:
+                 baselined: int = 0, targets: Optional[int] = None) -> str:
     """``Found 5 findings: 2 errors, 3 warnings.`` (``No findings.``), with ``1 target failed`` when one did.
     ``lines``: the number of lines printed, said when grouping made it fewer than the findings
     (``Found 9 findings (5 lines, grouped by layer): 8 errors, 1 warning.``); ``baselined``: the findings
     ``--baseline`` took out (``No new findings (9 in the baseline).``, ``Found 1 new finding (9 in the
-    baseline): ...``)."""
+    baseline): ...``). ``targets``: with more than one, how many the run audited, failed ones included
+    (``Found 5 findings in 3 targets (1 failed): 2 errors, 3 warnings.``, ``No findings in 3 targets.``)."""
     total = errors + warnings + infos
     counts = [f"{n} {word}{'' if n == 1 else 's'}" for n, word in ((errors, "error"), (warnings, "warning"))
               if n] + ([f"{infos} info"] if infos else [])
     shown = f" ({lines} line{'' if lines == 1 else 's'}, grouped by layer)" if lines is not None and lines < total else ""
     new, kept = (" new", f" ({baselined} in the baseline)") if baselined else ("", "")
-    text = (f"Found {total}{new} finding{'' if total == 1 else 's'}{shown}{kept}: {', '.join(counts)}." if total
-            else f"No{new} findings{kept}.")
-    if failed:
+    several = targets is not None and targets > 1
+    where = (f" in {targets} targets" + (f" ({failed} failed)" if failed else "")) if several else ""
+    text = (f"Found {total}{new} finding{'' if total == 1 else 's'}{where}{shown}{kept}: {', '.join(counts)}."
+            if total else f"No{new} findings{where}{kept}.")
+    if failed and not several:
         text += f" {failed} target{'' if failed == 1 else 's'} failed."
     return text
 
 
-def render_many(reports: Sequence[Report], options: Any = None, failed: int = 0) -> str:
-    """The concise lines of several reports, sorted together, then one summary line (unless quiet)."""
+def render_many(reports: Sequence[Report], options: Any = None, failed: int = 0,
+                targets: Optional[int] = None) -> str:
+    """The concise lines of several reports, sorted together, then one summary line (unless quiet) saying, for
+    a run of several ``targets`` (``failed`` of them without a report), how many were audited."""
     color = bool(getattr(options, "color", False))
     root = getattr(options, "project_root", None)
     lines = sorted((item for r in reports for item in finding_lines(r, color, root=root)), key=lambda item: item[0])
@@ -83,7 +88,7 @@ def render_many(reports: Sequence[Report], options: Any = None, failed: int = 0)
     if not getattr(options, "quiet", False):
         totals = [sum(f.severity == sev for r in reports for f in r.findings) for sev in ("error", "warning", "info")]
         baselined = sum(baselined_count(r) for r in reports)
-        text += summary_line(*totals, failed=failed, lines=len(lines), baselined=baselined) + "\n"
+        text += summary_line(*totals, failed=failed, lines=len(lines), baselined=baselined, targets=targets) + "\n"
     return text
 
 
