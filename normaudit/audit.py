@@ -14,6 +14,7 @@ from torch import nn
 
 from normaudit import __version__
 from normaudit.capture import capture_model
+from normaudit.capture.parts import coverage
 from normaudit.engine.evaluator import evaluate
 from normaudit.engine.loader import load_rules
 from normaudit.engine.options import RuleOptions
@@ -225,10 +226,6 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
                   build_fn=getattr(mua, "build_fn", None), file=mua.file or opts.target)
     fast = getattr(opts, "repeats", True) and not opts.probes and ckpt is None
     cap, ctx, facts = _capture_facts(opts, mua, inputs, dtype, by_path, shared, options, fast)
-    from normaudit.capture.parts import coverage
-
-    parts, unaudited = coverage(ctx.cap, [r.site for r in facts.records])
-    _identity_norms(mua, ctx, facts, [u.module for u in unaudited])
     section = facts.numerics
     if section is not None:
         options.numerics = section
@@ -239,6 +236,7 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
     info = CaptureInfo(method=options.capture_method, complete=cap.complete, attempts=cap.attempts,
                        num_nodes=len(cap.gm.graph.nodes) if cap.gm is not None else 0,
                        inputs=_describe_inputs(inputs), inputs_assumed=assumed, fake_tensors=True)
+    parts, unaudited = coverage(ctx.cap, sites)
     identity = set(facts.model.identity_norms)
     info.parts, info.unaudited = parts, [u for u in unaudited if u.module not in identity]
     notes = (list(facts.notes) + list(mua.notes) + kept.notes() + _capture_notes(cap, info)
@@ -247,28 +245,6 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
                         checkpoint=str(ckpt.path) if ckpt is not None else None, dtype=opts.dtype, batch_size=batch)
     return Report(version=__version__, target=target, capture=info, model=facts.model, sites=sites,
                   findings=findings, summary=_summary(sites, findings), notes=notes, numerics=section)
-
-
-def _identity_norms(mua: ModelUnderAudit, ctx: FactContext, facts: Facts, unaudited: list[str]) -> None:
-    """Norm modules that no graph shows computing anything whose forward returns its input unchanged
-    (:func:`normaudit.facts.usage.identity_norms`): ``facts.model.identity_norms``, no longer unused norms,
-    and a note saying they compute no norm (the parent's forward calls them)."""
-    from normaudit.facts.usage import identity_norms, identity_notes, unused_note
-
-    unused = [u.module for u in facts.model.unused_norms]
-    if not unused and not unaudited:
-        return
-    modules = {**dict(mua.model.named_modules()), **ctx.cap.modules}
-    called, unknown = identity_norms(modules, unused + unaudited)
-    if not called and not unknown:
-        return
-    found = set(called) | set(unknown)
-    before = unused_note(facts.model.unused_norms)
-    facts.model.identity_norms = [p for p in modules if p in found]
-    facts.model.unused_norms = [u for u in facts.model.unused_norms if u.module not in found]
-    after = unused_note(facts.model.unused_norms)
-    facts.notes = [n for n in facts.notes if n != before] + ([after] if after else [])
-    facts.notes += identity_notes(called, unknown, modules)
 
 
 def _capture_facts(opts: AuditOptions, mua: ModelUnderAudit, inputs: Any, dtype: torch.dtype, by_path: dict,

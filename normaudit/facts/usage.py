@@ -30,6 +30,7 @@ import io
 import warnings
 from typing import Any, Optional
 
+from normaudit.capture.parts import coverage
 from normaudit.facts.context import FactContext, Facts
 from normaudit.report import UnusedNorm
 from normaudit.vocabulary.graph import module_stack
@@ -179,3 +180,25 @@ def run(ctx: FactContext, facts: Facts) -> None:
     """Pass ``usage``: the model's unused norms (:func:`unused_norms`) and the note naming them."""
     facts.model.unused_norms = unused_norms(ctx, facts.records)
     facts.notes += [n for n in [unused_note(facts.model.unused_norms)] if n]
+
+
+def run_identity(ctx: FactContext, facts: Facts) -> None:
+    """Pass ``identity-norms``: the norm modules no graph shows computing anything (unused, or unaudited by
+    :func:`normaudit.capture.parts.coverage`) whose forward returns its input unchanged (:func:`identity_norms`)
+    go to ``model.identity_norms`` instead of ``model.unused_norms``, and the notes say they compute no norm
+    (the parent's forward calls them)."""
+    unaudited = [u.module for u in coverage(ctx.cap, [r.site for r in facts.records])[1]]
+    unused = [u.module for u in facts.model.unused_norms]
+    if not unused and not unaudited:
+        return
+    modules = ctx.cap.modules
+    called, unknown = identity_norms(modules, unused + unaudited)
+    if not called and not unknown:
+        return
+    found = set(called) | set(unknown)
+    before = unused_note(facts.model.unused_norms)
+    facts.model.identity_norms = [p for p in modules if p in found]
+    facts.model.unused_norms = [u for u in facts.model.unused_norms if u.module not in found]
+    after = unused_note(facts.model.unused_norms)
+    facts.notes = [n for n in facts.notes if n != before] + ([after] if after else [])
+    facts.notes += identity_notes(called, unknown, modules)

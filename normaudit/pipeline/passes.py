@@ -60,6 +60,8 @@ PASSES: tuple[Pass, ...] = (
          ("site.weights", "site.gain_form", "notes")),
     Pass("numerics-bound", "model", numerics.run, ("records", "site.weights", "checkpoint"), ("site.numerics",)),
     Pass("usage", "model", usage.run, ("graph", "records", "checkpoint"), ("model.unused_norms", "notes")),
+    Pass("identity-norms", "whole_model", usage.run_identity, ("graph", "records", "model.unused_norms"),
+         ("model.identity_norms", "model.unused_norms", "notes")),
     Pass("groupnorm-config", "whole_model", batchnorm.run_groupnorm_config, ("records", "config"),
          ("model.groupnorm_config",)),
     Pass("stream-end", "whole_model", placement.run_stream_end, ("records", "site.stream", "model.blocks", "model.unused_norms"),
