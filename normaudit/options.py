@@ -17,30 +17,6 @@ DEFAULT_MAX_PARAMS = 1_000_000_000
 
 #: ``--input-axes`` letters and the axis labels they stand for, and every label (CONTRACT.md ``normalized_axes``);
 #: the capture's axis facts (:mod:`normaudit.facts.axes`) use the same vocabulary
-AXIS_LETTERS = {"B": "batch", "N": "batch", "S": "sequence", "T": "sequence", "L": "sequence", "H": "height",
-                "W": "width", "D": "depth", "C": "channel", "F": "feature", "E": "feature", "K": "head"}
-AXIS_LABELS = ("batch", "sequence", "height", "width", "depth", "channel", "feature", "head", "unknown")
-
-
-def parse_axis_spec(spec: str) -> list[str]:
-    """The axis labels of an ``--input-axes`` spec (``"B,C,H,W"`` or ``"batch,channel,height,width"``), one per
-    dim of the model's first input, without torch: the command line checks the flag and the settings' key
-    before it knows whether any target must be audited (a run answered from the cache imports no torch).
-    Raises ValueError naming the unknown axis, or for an empty spec or an empty axis (``"B,,C"``)."""
-    if not spec.strip():
-        raise ValueError("no axes given; give one axis per dim of the model's first input, e.g. B,C,H,W")
-    out = []
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            raise ValueError(f"empty axis in {spec!r}; give one axis per dim, e.g. B,C,H,W")
-        name = AXIS_LETTERS.get(part.upper(), part.lower()) if len(part) == 1 else part.lower()
-        if name not in AXIS_LABELS:
-            raise ValueError(f"unknown axis {part!r}; use one of B,S,C,H,W,D,F or {', '.join(AXIS_LABELS)}")
-        out.append(name)
-    return out
-
-
 def split_target(spec: str) -> tuple[Path, Optional[str]]:
     """Split ``path.py:factory`` into the path and the factory name (None when absent)."""
     if ":" in spec:

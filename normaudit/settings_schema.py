@@ -14,7 +14,7 @@ from typing import Literal, Optional, Union
 from pydantic import (BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, PrivateAttr, StrictBool, StrictInt,
                       StrictStr, field_validator)
 
-from normaudit.options import parse_axis_spec
+from normaudit.vocabulary.axes import parse_axis_spec
 from normaudit.vocabulary.dtypes import AUDIT_DTYPES
 
 Dtype = Literal[AUDIT_DTYPES]  # type: ignore[valid-type]

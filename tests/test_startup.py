@@ -127,19 +127,21 @@ def test_a_run_answered_from_the_cache_imports_no_torch_with_input_axes(tmp_path
     assert (second.returncode, second.stdout) == (1, first.stdout)
 
 
-def test_the_torch_free_axis_parser_agrees_with_the_capture_s():
-    from normaudit.facts.axes import BASE, LETTERS, parse_input_axes
-    from normaudit.options import AXIS_LABELS, AXIS_LETTERS, parse_axis_spec
+def test_the_axis_vocabulary_is_the_report_s_and_the_flag_parses_without_torch():
+    import typing
 
-    assert (AXIS_LETTERS, AXIS_LABELS) == (LETTERS, BASE)
-    for spec in ("B,C,H,W", "batch, sequence ,feature", "n,t,e", "K", "B,,C", "", " ", "B,X", "bogus"):
-        try:
-            expected = [label for (label,) in parse_input_axes(spec)]
-        except ValueError as err:
-            with pytest.raises(ValueError, match=re.escape(str(err))):
-                parse_axis_spec(spec)
-        else:
-            assert parse_axis_spec(spec) == expected
+    from normaudit.report import AxisLabel
+    from normaudit.vocabulary.axes import AXIS_LABELS, parse_axis_spec
+
+    assert AXIS_LABELS == typing.get_args(AxisLabel)
+    assert parse_axis_spec("B, s,c ,H,W") == ["batch", "sequence", "channel", "height", "width"]
+    assert parse_axis_spec("batch,feature") == ["batch", "feature"]
+    for spec, error in (("", "no axes given"), ("B,,C", "empty axis in 'B,,C'"), ("B,X", "unknown axis 'X'")):
+        with pytest.raises(ValueError, match=re.escape(error)):
+            parse_axis_spec(spec)
+    out = subprocess.run([sys.executable, "-c", "import sys, normaudit.vocabulary.axes; print('torch' in sys.modules)"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
 
 
 #: Runs the command's entry point (``normaudit.cli.run``, what the console script and ``python -m normaudit``

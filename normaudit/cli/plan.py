@@ -11,7 +11,8 @@ from typing import Any
 
 from normaudit.cli.outputs import OutputSpec, check_writable, inputs_of_run, refuse_overwriting_inputs
 from normaudit.errors import UsageError
-from normaudit.options import DEFAULT_TIMEOUT, parse_axis_spec
+from normaudit.options import DEFAULT_TIMEOUT
+from normaudit.vocabulary.axes import parse_axis_spec
 
 
 @dataclass

@@ -13,9 +13,6 @@ import torch
 
 Label = tuple[str, ...]
 UNK: Label = ("unknown",)
-LETTERS = {"B": "batch", "N": "batch", "S": "sequence", "T": "sequence", "L": "sequence", "H": "height",
-           "W": "width", "D": "depth", "C": "channel", "F": "feature", "E": "feature", "K": "head"}
-BASE = ("batch", "sequence", "height", "width", "depth", "channel", "feature", "head", "unknown")
 SPATIAL = ("height", "width", "depth")
 #: token axes: a reshape that merges a fixed number of neighbouring tokens into the features marks the inner
 #: piece :data:`PATCH` (see :func:`reshape_dims`)

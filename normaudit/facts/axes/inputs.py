@@ -10,8 +10,9 @@ import torch
 from torch import fx, nn
 
 from normaudit.capture import Capture
-from normaudit.facts.axes.dims import BASE, LETTERS, UNK, Dim, Label
+from normaudit.facts.axes.dims import UNK, Dim, Label
 from normaudit.facts.axes.ops import dims_arg, raw_name
+from normaudit.vocabulary.axes import parse_axis_spec
 from normaudit.vocabulary.graph import FOLLOW, arg, forward_walk, op_name, shape, val
 
 
@@ -27,17 +28,7 @@ def parse_input_axes(spec: str, inputs: Any = None) -> list[Label]:
     """
     from normaudit.errors import UsageError
 
-    if not spec.strip():
-        raise ValueError("no axes given; give one axis per dim of the model's first input, e.g. B,C,H,W")
-    out = []
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            raise ValueError(f"empty axis in {spec!r}; give one axis per dim, e.g. B,C,H,W")
-        name = LETTERS.get(part.upper(), part.lower()) if len(part) == 1 else part.lower()
-        if name not in BASE:
-            raise ValueError(f"unknown axis {part!r}; use one of B,S,C,H,W,D,F or {', '.join(BASE)}")
-        out.append((name,))
+    out: list[Label] = [(name,) for name in parse_axis_spec(spec)]
     first = next(iter(inputs.values()), None) if isinstance(inputs, dict) else (
         inputs[0] if isinstance(inputs, (tuple, list)) and inputs else inputs)
     if isinstance(first, torch.Tensor) and first.dim() != len(out):
