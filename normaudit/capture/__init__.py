@@ -70,6 +70,9 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
             found, _ = _try_methods(model, fake_inputs(fewer, mode, dtype), fewer, mode, ("export",), attempts,
                                     " (main tower's inputs only)", buffers)
     _restore_modes(modules, modes)
+    if found is None and any("requires_grad" in (a.error or "") for a in attempts):
+        found, _ = _without_grad(model, fake_args, inputs, mode, methods, attempts, buffers)
+        _restore_modes(modules, modes)
     if found is not None:
         gm, user, method, train_pass = found
         cap = Capture(gm=gm, method=method, attempts=attempts, root=model, modules=modules,
@@ -93,6 +96,23 @@ def capture_model(model: nn.Module, inputs: Any, on_meta: bool, dtype: torch.dty
         with quiet(stderr=True):
             cap.parts = replaced_by(parts, capture_submodels(cap, mode, dtype, set(), parts, until))
     return cap
+
+
+def _without_grad(model: nn.Module, fake_args: Any, inputs: Any, mode: FakeTensorMode, methods: tuple[str, ...],
+                  attempts: list[CaptureAttempt], buffers: dict) -> tuple[Optional[tuple], Optional[str]]:
+    """:func:`_try_methods` again with every parameter's ``requires_grad`` off, restored afterwards: an op that
+    refuses to trace with inputs needing grad (FlexAttention on CPU: "does not support backward on CPU.
+    Please set the input requires_grad to False") captures then; the audit reads no gradient. The model is the
+    capture's own (a copy of a real model, or the meta model materialised for it), so the user's is untouched."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        return _try_methods(model, fake_args, inputs, mode, methods, attempts, " (parameters without grad)",
+                            buffers)
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
 
 
 def _try_methods(model: nn.Module, fake_args: Any, inputs: Any, mode: FakeTensorMode, methods: tuple[str, ...],
