@@ -14,15 +14,21 @@ from normaudit.probes import size as size_probe
 from normaudit.report import ModelFacts
 
 Stage = Literal["graph", "probe", "model", "whole_model"]
+#: the stages in the order they run (:func:`normaudit.pipeline.collect_facts`)
+STAGES: tuple[Stage, ...] = ("graph", "probe", "model", "whole_model")
+#: what a pass may read without an earlier pass writing it: the graph and the fields of the context
+#: (:class:`normaudit.facts.context.FactContext`)
+CONTEXT = ("graph", "origins", "input_axes", "inputs", "probe_model", "checkpoint", "config", "config_sources")
 
 
 @dataclass(frozen=True)
 class Pass:
     """One step of the pipeline: ``run(ctx, facts)`` at ``stage``; ``reads`` and ``writes`` name the facts
-    (``site.<field>``, ``model.<field>``, ``records``, ``node_axes``, ``notes``, ``graph``: the graph itself);
+    (``site.<field>``, ``model.<field>``, ``records``, ``node_axes``, ``notes``, ``numerics``, ``graph``: the graph
+    itself; what a pass reads is written by a pass before it or is a field of the context: :data:`CONTEXT`);
     ``carry(carry, facts)``, when given, carries this pass's model-level facts from the kept blocks to the
     whole stack after the sites were (depth-independent capture, :class:`normaudit.pipeline.carry.Carry`),
-    raising :class:`normaudit.pipeline.carry.NotCarried` when it cannot do so exactly; ``recomputed`` names
+    raising :class:`normaudit.facts.carry.NotCarried` when it cannot do so exactly; ``recomputed`` names
     the site facts (dotted fields below a site) that hook computes anew over the whole stack: they are reset on
     the kept blocks' sites before the carry-over compares them."""
 
@@ -64,8 +70,8 @@ PASSES: tuple[Pass, ...] = (
          ("model.identity_norms", "model.unused_norms", "notes")),
     Pass("groupnorm-config", "whole_model", batchnorm.run_groupnorm_config, ("records", "config"),
          ("model.groupnorm_config",)),
-    Pass("stream-end", "whole_model", placement.run_stream_end, ("records", "site.stream", "model.blocks", "model.unused_norms"),
-         ("model.stream_end",)),
+    Pass("stream-end", "whole_model", placement.run_stream_end,
+         ("records", "site.stream", "model.blocks", "model.unused_norms"), ("model.stream_end",)),
     Pass("eps", "whole_model", eps.run, ("records", "config_sources", "site.formula"), ("site.eps_facts",)),
     Pass("numerics-probe", "whole_model", numerics_probe.run, ("records", "probe_model", "checkpoint"),
          ("site.numerics", "numerics")),
