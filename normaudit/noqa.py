@@ -169,7 +169,7 @@ def _finding_line(finding: Finding, report: Report, target: Optional[Path],
         if Path(loc.file).is_file() and is_user_file(loc.file, target):
             return index.construction(loc, finding.module)
     if model_level(finding):  # shown at the model's class (or factory) line, and suppressed there
-        from normaudit.render.locations import absolute, target_file
+        from normaudit.report.locations import absolute, target_file
 
         file = target_file(report)
         loc = model_line(str(absolute(file)), report.model.class_name, report.target.factory) if file else None

@@ -10,7 +10,7 @@ A finding is suppressed when such a comment sits on the finding's ``source`` lin
 or ``definition`` line of a site of the same module (the line that calls the norm and the line that
 constructs it). A finding about the model as a whole (no line of its own: NP101 "no final norm", NP107 an
 unused norm, ...) is shown at the model's ``class <Model>`` line in the target file, else at its factory's
-``def`` line (:mod:`normaudit.render.locations`), and a comment there suppresses it::
+``def`` line (:mod:`normaudit.report.locations`), and a comment there suppresses it::
 
     class GPT(nn.Module):                  # normaudit: ignore[NP101] For a call spread over several lines, the comment may also follow its closing
 parenthesis::
@@ -308,11 +308,11 @@ def _code_matches(code: str, finding: Finding) -> bool:
 def model_line(target_file: Optional[str], class_name: Optional[str],
                factory: Optional[str]) -> Optional[SourceLocation]:
     """The line findings about the model as a whole are shown at and suppressed on: ``class <class_name>`` in
-    the target file, else ``def <factory>`` there (:func:`normaudit.render.locations.definition_line`, the
+    the target file, else ``def <factory>`` there (:func:`normaudit.report.locations.definition_line`, the
     place SARIF/concise output gives them); None when the target is no file or neither line is found."""
     if not target_file:
         return None
-    from normaudit.render.locations import definition_line
+    from normaudit.report.locations import definition_line
 
     line = definition_line(target_file, class_name, factory)
     return SourceLocation(file=str(target_file), line=line) if line else None

@@ -364,7 +364,7 @@ def test_github_a_lone_failing_target_prints_its_error_on_stdout(capsys, tmp_pat
 
 def test_text_and_markdown_place_a_whole_model_finding_at_the_class_line(tmp_path, monkeypatch):
     """A finding without a source (NB201 here, NP101 in real runs) is shown at the ``class ToyModel`` line by
-    text and markdown, as concise, github and SARIF show it (normaudit.render.locations.finding_anchor)."""
+    text and markdown, as concise, github and SARIF show it (normaudit.report.locations.finding_anchor)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "gpt.py").write_text("import torch\n\nclass ToyModel:\n    pass\n")

@@ -27,7 +27,7 @@ import jsonschema
 import pytest
 
 from normaudit.render import RenderOptions, sarif
-from normaudit.render.locations import definition_line, project_root
+from normaudit.report.locations import definition_line, project_root
 from normaudit.report import Finding, SourceLocation
 from test_render_formats import make_report, make_rules
 

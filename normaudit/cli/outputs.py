@@ -200,7 +200,7 @@ def render_options(args: argparse.Namespace, spec: OutputSpec) -> Any:
     """The :class:`normaudit.render.RenderOptions` of one output: ``--quiet``, ``--project-root``, and
     colour for text or concise going to a terminal stdout without ``NO_COLOR``."""
     from normaudit.render import HUMAN_FORMATS, RenderOptions
-    from normaudit.render.locations import project_root
+    from normaudit.report.locations import project_root
     from normaudit.render.style import color_wanted
 
     color = spec.path is None and spec.fmt in HUMAN_FORMATS and color_wanted(sys.stdout)

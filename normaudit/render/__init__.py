@@ -20,7 +20,7 @@ HUMAN_FORMATS = ("text", "concise")
 class RenderOptions:
     """How to render, beyond the report itself.
 
-    ``project_root``: the directory SARIF URIs are relative to (None: :func:`normaudit.render.locations.
+    ``project_root``: the directory SARIF URIs are relative to (None: :func:`normaudit.report.locations.
     project_root`); ``color``: ANSI colours (text and concise; the CLI sets it when stdout is a terminal
     and ``NO_COLOR`` is unset); ``quiet``: findings only, no site table, header or summary line;
     ``numerics_chart``: Markdown only, the file name (beside the Markdown) of the ``--probe numerics`` chart the

@@ -3,7 +3,7 @@ ruff and mypy print them (editors and pre-commit turn them into links), then one
 
 - One fault repeated over many layers at one source line is one line
   (:func:`normaudit.render.text.group_findings`): ``layers.0-17.input_layernorm (18 modules): ...``.
-- Every line has a place (:func:`normaudit.render.locations.finding_anchor`): the finding's source, else
+- Every line has a place (:func:`normaudit.report.locations.finding_anchor`): the finding's source, else
   the checkpoint file (checkpoint findings), else the model's class or factory line; a place outside the
   project root (a library's file) is shown at the model's place, as in SARIF, with ``(library: ...)``. Paths under the
   current directory are relative to it, others absolute. The column is 1: findings point at lines.
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from normaudit.baseline import baselined_count
-from normaudit.render.locations import anchor_in_root, outside_note, project_root
+from normaudit.report.locations import anchor_in_root, outside_note, project_root
 from normaudit.render.sarif import source_path
 from normaudit.render.style import SEVERITY_STYLES, paint
 from normaudit.render.escape import escape_control, guard_lines
@@ -29,7 +29,7 @@ from normaudit.report import Report
 def finding_lines(report: Report, color: bool = False, cwd: Optional[str] = None,
                   root: Optional[Path] = None) -> list[tuple[tuple, str]]:
     """``(sort key, line)`` for each group of findings of ``report`` (no trailing newline). A place outside
-    ``root`` (the project root, default :func:`normaudit.render.locations.project_root`), such as a
+    ``root`` (the project root, default :func:`normaudit.report.locations.project_root`), such as a
     library's modeling file, is shown at the model's place inside it, as SARIF and GitHub annotations show
     it, and the line ends with ``(library: transformers/models/llama/modeling_llama.py:297)``."""
     root = Path(root) if root is not None else project_root(cwd=cwd)

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from normaudit.engine.schema import Rule
 from normaudit.render.concise import without_label
-from normaudit.render.locations import anchor_in_root, project_root, relative_to_root
+from normaudit.report.locations import anchor_in_root, project_root, relative_to_root
 from normaudit.render.sarif import source_path
 from normaudit.render.escape import escape_char
 from normaudit.render.text import group_findings
@@ -77,7 +77,7 @@ def render(report: Report, rules: dict[str, Rule], options: Any = None) -> str:
     (:func:`normaudit.render.text.group_findings`: one fault over 18 layers is one annotation naming the
     layer range, so GitHub's limit of 10 annotations of a kind per step is not spent on repeats), in
     report order. Each is placed at the finding's source when it lies under the project root
-    (``options.project_root``, default :func:`normaudit.render.locations.project_root`), else at the
+    (``options.project_root``, default :func:`normaudit.report.locations.project_root`), else at the
     model's class or factory line, a checkpoint finding without a source at the checkpoint file; paths are
     relative to the project root, the workspace the annotations refer to.
 

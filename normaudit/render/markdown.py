@@ -58,9 +58,9 @@ def _location(source: Optional[SourceLocation]) -> str:
 
 def _placed(finding: Finding, report: Optional[Report], root: Path) -> str:
     """The location cell of a finding: its source, moved inside ``root`` as :func:`_findings_table` says; a
-    finding without one (a whole-model finding) at the model's place (:func:`normaudit.render.locations.
+    finding without one (a whole-model finding) at the model's place (:func:`normaudit.report.locations.
     finding_anchor`: the class line), as concise, github and SARIF show it."""
-    from normaudit.render.locations import anchor_in_root, outside_note
+    from normaudit.report.locations import anchor_in_root, outside_note
 
     if report is None:
         return _location(finding.source)
@@ -133,7 +133,7 @@ def _findings_table(findings: list[Finding], report: Optional[Report] = None, ro
     modules is one row naming them all, ``layers.0-17.ln`` (18 modules)). With ``report``, a place outside
     ``root`` (a library's file) is shown at the model's place inside it, as SARIF shows it, then
     ``(library: transformers/models/llama/modeling_llama.py:297)``."""
-    from normaudit.render.locations import project_root
+    from normaudit.report.locations import project_root
 
     root = Path(root) if root is not None else project_root()
     ordered = sorted(findings, key=lambda f: (-SEVERITY_RANK[f.severity], f.rule_id, f.module))

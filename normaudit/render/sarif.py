@@ -10,7 +10,7 @@ rule); every finding of every target is one ``result``:
   to the project root (``--project-root``; default the git top level, else the current directory) and
   resolved against the ``%SRCROOT%`` base of ``originalUriBaseIds``. The place is the finding's source;
   a finding without one is shown at the checkpoint file (checkpoint findings) or at the model's class or
-  factory line (:func:`normaudit.render.locations.finding_anchor`). A source outside the project root (a
+  factory line (:func:`normaudit.report.locations.finding_anchor`). A source outside the project root (a
   library's modeling file in site-packages) cannot be shown by code scanning: the result is shown at
   the model's anchor inside the project and the library line becomes a ``relatedLocation`` with an
   absolute ``file:`` URI.
@@ -36,7 +36,7 @@ from typing import Any, Iterable, Optional, Sequence
 from urllib.parse import quote
 
 from normaudit.engine.schema import Rule
-from normaudit.render.locations import (anchor_in_root, checkpoint_file, project_root, relative_to_root,
+from normaudit.report.locations import (anchor_in_root, checkpoint_file, project_root, relative_to_root,
                                         target_file)
 from normaudit.report import Finding, Report, SourceLocation
 
@@ -108,7 +108,7 @@ def file_uri(path: Path) -> str:
 def artifact_location(source: SourceLocation, root: Optional[Path] = None,
                       cwd: Optional[str] = None) -> dict[str, Any]:
     """A SARIF ``artifactLocation`` for ``source.file``: a percent-encoded URI relative to ``root``
-    (default: :func:`normaudit.render.locations.project_root`) with ``uriBaseId`` ``%SRCROOT%`` when the
+    (default: :func:`normaudit.report.locations.project_root`) with ``uriBaseId`` ``%SRCROOT%`` when the
     file lies under it, else an absolute ``file:`` URI without a base. A relative ``source.file`` is taken
     from ``cwd`` (default: the current directory)."""
     root = root if root is not None else project_root(cwd=cwd)
@@ -302,7 +302,7 @@ def build_log(reports: Sequence[Report], rules: dict[str, Rule], root: Optional[
 
     ``rules`` maps rule id to :class:`Rule`; each becomes a ``reportingDescriptor`` (sorted by id), and a
     finding whose rule is missing gets a minimal descriptor built from the finding, so every ``ruleIndex``
-    is valid. ``root`` (default :func:`normaudit.render.locations.project_root`) is what ``%SRCROOT%``
+    is valid. ``root`` (default :func:`normaudit.report.locations.project_root`) is what ``%SRCROOT%``
     stands for. ``errors``: failed targets, ``{"target", "status", "message"}`` each, written as error
     notifications of the invocation. ``version``: the tool version when there is no report.
     """

@@ -321,10 +321,10 @@ def _capture_header(cap: Any) -> list[str]:
 def findings_section(report: Report, color: bool = False, root: Optional[Path] = None) -> list[str]:
     """The findings of an (escaped) report by severity, each group of one fault over many modules
     (:func:`group_findings`) as one entry with its place and fix; ``["no findings"]`` when there is none.
-    A place outside ``root`` (the project root, default :func:`normaudit.render.locations.project_root`),
+    A place outside ``root`` (the project root, default :func:`normaudit.report.locations.project_root`),
     such as a library's modeling file, is shown at the model's place inside it, as SARIF shows it, then
     ``(library: transformers/models/llama/modeling_llama.py:297)``."""
-    from normaudit.render.locations import anchor_in_root, outside_note, project_root
+    from normaudit.report.locations import anchor_in_root, outside_note, project_root
     from normaudit.render.style import SEVERITY_STYLES, paint
 
     root = Path(root) if root is not None else project_root()

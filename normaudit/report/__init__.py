@@ -7,7 +7,8 @@ Everything else may grow. Renderers (``normaudit.render``) read only these model
 
 One module per part: :mod:`.base` (literal types, the record base, source locations), :mod:`.site_facts` (the
 fact families of a site), :mod:`.site` (:class:`Site`), :mod:`.numerics` (``--probe numerics``), :mod:`.model`
-(model-level facts); this module holds the report itself (:class:`Report`, its findings, capture info, target
+(model-level facts), :mod:`.locations` (where a finding is shown: the file and line of every finding, relative
+to the project root); this module holds the report itself (:class:`Report`, its findings, capture info, target
 and summary) and exports every record.
 """
 from __future__ import annotations
