@@ -21,6 +21,7 @@ the file. Example::
     jobs = 4                  # targets audited at once (-j; default: the CPU cores)
     cache = ".cache/normaudit"  # the result cache's directory, or false (--no-cache)
     full-capture = false      # true: capture every block of a stack (--full-capture), same report, slower
+    docs-url = "https://example.org/normaudit/rules"  # SARIF helpUri: <docs-url>/<ID>.md
 
 Relative paths (``targets``, ``rules``, ``config``, ``baseline``, ``cache``, a target's ``config``/
 ``checkpoint``) are relative to the directory of the settings file. An unknown key, a wrong type or a TOML syntax error

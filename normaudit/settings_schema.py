@@ -68,8 +68,19 @@ class Settings(_Strict):
     #: ``true``: capture every block of a stack (``--full-capture``), not each distinct block once
     #: (:mod:`normaudit.capture.repeats`; the report is the same, only slower).
     full_capture: Optional[StrictBool] = Field(default=None, alias="full-capture")
+    #: The absolute http(s) URL under which the rule pages ``<ID>.md`` lie (a copy of ``docs/rules``): SARIF's
+    #: ``helpUri`` of each shipped rule (:func:`normaudit.render.sarif.docs_base`; without it, from the package
+    #: metadata, else no ``helpUri``).
+    docs_url: Optional[StrictStr] = Field(default=None, alias="docs-url")
 
     _axes = field_validator("input_axes")(classmethod(lambda cls, v: _check_axes(v)))
+
+    @field_validator("docs_url")
+    @classmethod
+    def _check_docs_url(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", value):
+            raise ValueError(f"must be an absolute http(s) URL without query or fragment, got {value!r}")
+        return value
 
     @field_validator("cache", mode="before")
     @classmethod

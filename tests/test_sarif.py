@@ -32,6 +32,7 @@ from normaudit.report import Finding, SourceLocation
 from test_render_formats import make_report, make_rules
 
 DATA = Path(__file__).parent / "data"
+DOCS = Path(__file__).parent.parent / "docs" / "rules"
 SCHEMA_PATH = DATA / "sarif-2.1.0.schema.json"
 CASES = DATA / "cases"
 LIMITS = {"runs": 20, "results": 25_000, "rules": 25_000, "locations": 1_000, "tags": 20,
@@ -209,20 +210,20 @@ def test_sarif_driver_and_rule_descriptors(report, rules):
     assert "### Example\n```python\nnn.LayerNorm(d)  # eps=1e-5 while config.json says 1e-6\n```" in md
     assert "- <https://pytorch.org/docs/stable/generated/torch.nn.LayerNorm.html>" in md
     assert driver["rules"][0]["defaultConfiguration"]["level"] == "note"  # info -> note
-    # NE101 is a shipped rule: its generated page; NB201 here is a test rule of the same id as none shipped
-    assert ne["helpUri"] == "https://github.com/normaudit/normaudit/blob/main/docs/rules/NE101.md"
-    assert "helpUri" not in driver["rules"][0] and "helpUri" not in driver["rules"][2]
+    # without docs-url and without a repository in the package metadata no rule links a page
+    assert all("helpUri" not in d for d in driver["rules"])
 
 
 def test_help_uri_names_every_shipped_rule_page():
-    """Every shipped rule links to ``docs/rules/<ID>.md`` (the page normaudit.docs generates; that the pages
-    are current is the docs test's business)."""
+    """With a base, every shipped rule links to ``<base>/<ID>.md`` (the page normaudit.docs generates as
+    ``docs/rules/<ID>.md``; that the pages are current is the docs test's business)."""
     from normaudit.engine.loader import load_rules
 
     shipped = load_rules()
     assert sarif.shipped_rule_ids() == set(shipped)
     for rule_id in shipped:
-        assert sarif.help_uri(rule_id) == f"{sarif.REPOSITORY_URI}/blob/main/docs/rules/{rule_id}.md"
+        assert (DOCS / f"{rule_id}.md").is_file()
+        assert sarif.help_uri(rule_id, "https://example.org/r/") == f"https://example.org/r/{rule_id}.md"
 
 
 def test_sarif_results_and_locations(report, rules):

@@ -153,7 +153,7 @@ def _finish_run(args: argparse.Namespace, plan: RunPlan, results: list[TargetRes
     from normaudit.baseline import write_baseline
 
     multi = len(plan.plan_opts) > 1
-    options = [render_options(args, spec) for spec in plan.outputs]  # before stdout is redirected: colour on a tty
+    options = [render_options(args, spec, plan.docs_url) for spec in plan.outputs]  # before stdout is redirected: colour on a tty
     charts = numerics_charts(plan.outputs, options, results)
     with contextlib.redirect_stdout(sys.stderr):
         rendered = [(render_results(spec.fmt, results, plan.rules, multi, opts, args.statistics), spec.path,

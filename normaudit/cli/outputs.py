@@ -164,7 +164,8 @@ def render_results(fmt: str, results: list[TargetResult], rules: dict, multi: bo
         from normaudit.render import sarif
 
         root = getattr(options, "project_root", None)
-        return sarif.dumps(sarif.build_log([r.report for r in done], rules, root, errors, version=__version__))
+        return sarif.dumps(sarif.build_log([r.report for r in done], rules, root, errors, version=__version__,
+                                           docs_url=getattr(options, "docs_url", None)))
     if fmt == "concise":
         from normaudit.render.concise import render_many
 
@@ -196,15 +197,17 @@ def render_results(fmt: str, results: list[TargetResult], rules: dict, multi: bo
     return text
 
 
-def render_options(args: argparse.Namespace, spec: OutputSpec) -> Any:
-    """The :class:`normaudit.render.RenderOptions` of one output: ``--quiet``, ``--project-root``, and
-    colour for text or concise going to a terminal stdout without ``NO_COLOR``."""
+def render_options(args: argparse.Namespace, spec: OutputSpec, docs_url: Optional[str] = None) -> Any:
+    """The :class:`normaudit.render.RenderOptions` of one output: ``--quiet``, ``--project-root``, colour
+    for text or concise going to a terminal stdout without ``NO_COLOR``, and ``docs_url`` (the ``docs-url``
+    setting: SARIF's ``helpUri`` base)."""
     from normaudit.render import HUMAN_FORMATS, RenderOptions
     from normaudit.report.locations import project_root
     from normaudit.render.style import color_wanted
 
     color = spec.path is None and spec.fmt in HUMAN_FORMATS and color_wanted(sys.stdout)
-    return RenderOptions(project_root=project_root(args.project_root), color=color, quiet=args.quiet)
+    return RenderOptions(project_root=project_root(args.project_root), color=color, quiet=args.quiet,
+                         docs_url=docs_url)
 
 
 def numerics_charts(outputs: Sequence[OutputSpec], options: list, results: list) -> list[tuple[str, Any]]:

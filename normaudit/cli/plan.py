@@ -7,7 +7,7 @@ import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from normaudit.cli.outputs import OutputSpec, check_writable, inputs_of_run, refuse_overwriting_inputs
 from normaudit.errors import UsageError
@@ -26,6 +26,8 @@ class RunPlan:
     baseline: Any
     baseline_base: Path
     timeout: float
+    #: the ``docs-url`` setting (SARIF's ``helpUri`` base), None when not set
+    docs_url: Optional[str] = None
 
 
 def plan_run(args: argparse.Namespace, settings: Any, outputs: list[OutputSpec]) -> RunPlan:
@@ -63,7 +65,8 @@ def plan_run(args: argparse.Namespace, settings: Any, outputs: list[OutputSpec])
     baseline = load_baseline(baseline_path) if baseline_path and not args.write_baseline else None
     return RunPlan(outputs=outputs, rules=rules, plan_opts=plan_opts,
                    fail_on=args.fail_on or settings.fail_on or "error", baseline=baseline,
-                   baseline_base=baseline_dir(baseline_path), timeout=args.timeout or settings.timeout or DEFAULT_TIMEOUT)
+                   baseline_base=baseline_dir(baseline_path), timeout=args.timeout or settings.timeout or DEFAULT_TIMEOUT,
+                   docs_url=settings.docs_url)
 
 
 def _run_targets_of(args: argparse.Namespace, settings: Any) -> list[Any]:

@@ -24,13 +24,16 @@ class RenderOptions:
     project_root`); ``color``: ANSI colours (text and concise; the CLI sets it when stdout is a terminal
     and ``NO_COLOR`` is unset); ``quiet``: findings only, no site table, header or summary line;
     ``numerics_chart``: Markdown only, the file name (beside the Markdown) of the ``--probe numerics`` chart the
-    CLI writes (:func:`normaudit.render.numerics_chart.write_chart`), linked instead of embedded.
+    CLI writes (:func:`normaudit.render.numerics_chart.write_chart`), linked instead of embedded; ``docs_url``:
+    SARIF only, the ``docs-url`` setting, the base of the rules' ``helpUri`` (:func:`normaudit.render.sarif.
+    docs_base`).
     """
 
     project_root: Optional[Path] = None
     color: bool = False
     quiet: bool = False
     numerics_chart: Optional[str] = None
+    docs_url: Optional[str] = None
 
 
 def get_renderer(fmt: str):

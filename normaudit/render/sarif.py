@@ -3,8 +3,9 @@
 One log with **one run per invocation** of normaudit, whatever the number of targets (GitHub refuses a
 file with several runs of one tool and category since June 2025), tagged with ``automationDetails.id``
 ``normaudit/`` (category ``normaudit``). The run lists every rule once in ``tool.driver.rules`` (help
-built from the rule's ``doc`` sections, ``helpUri`` the rule's page ``docs/rules/<ID>.md`` for a shipped
-rule); every finding of every target is one ``result``:
+built from the rule's ``doc`` sections, in ``help.text`` and ``help.markdown``; ``helpUri`` a shipped rule's
+page ``<base>/<ID>.md`` only where the base of the rule pages is known, :func:`docs_base`, and left out
+otherwise: never a link to a page that may not exist); every finding of every target is one ``result``:
 
 - ``locations[0].physicalLocation``: always present, with ``region.startLine`` >= 1. The URI is relative
   to the project root (``--project-root``; default the git top level, else the current directory) and
@@ -44,10 +45,14 @@ SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 #: Where ``tool.driver.informationUri`` points; change here when the project gets a home page.
 INFORMATION_URI = "https://pypi.org/project/normaudit/"
-#: The repository whose ``docs/rules/<ID>.md`` pages (:func:`normaudit.docs.doc_path`) ``helpUri`` links to
-#: (SARIF wants an absolute URI there); change here when the repository moves.
-REPOSITORY_URI = "https://github.com/normaudit/normaudit"
-DOCS_REF = "main"
+#: The ``Project-URL`` labels (normalised as PEP 753 does: lower case, no punctuation or white space) of the
+#: package metadata taken as the source repository (PEP 753's ``source`` and its aliases), whose ``docs/rules/<ID>.md`` pages
+#: (:func:`normaudit.docs.doc_path`) ``helpUri`` links to.
+REPOSITORY_LABELS = ("source", "repository", "sourcecode", "github")
+#: Hosts whose web view of a file at the default branch is known: the repository's path (its pattern here)
+#: + the blob path + ``docs/rules``. ``HEAD`` names the default branch on both (the metadata does not say it).
+_REPOSITORY_PATHS = {"github.com": (r"/[\w.-]+/[\w.-]+", "/blob/HEAD/"),
+                     "gitlab.com": (r"/[\w.-]+(?:/[\w.-]+)+", "/-/blob/HEAD/")}
 SRCROOT = "%SRCROOT%"
 #: ``runs[].automationDetails.id``: GitHub takes the part before the last ``/`` as the analysis category.
 AUTOMATION_ID = "normaudit/"
@@ -171,7 +176,7 @@ def _help_markdown(rule: Rule) -> str:
     return "\n\n".join(parts)
 
 
-def _descriptor(rule: Rule, shipped: bool) -> dict[str, Any]:
+def _descriptor(rule: Rule, base: Optional[str]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": rule.id,
         "name": rule.name,
@@ -186,14 +191,63 @@ def _descriptor(rule: Rule, shipped: bool) -> dict[str, Any]:
             "problem.severity": PROBLEM_SEVERITY[rule.severity],
         },
     }
-    if shipped:
-        out["helpUri"] = help_uri(rule.id)
+    if base is not None:
+        out["helpUri"] = help_uri(rule.id, base)
     return out
 
 
-def help_uri(rule_id: str) -> str:
-    """The absolute URI of a shipped rule's page, ``<repository>/blob/main/docs/rules/<ID>.md``."""
-    return f"{REPOSITORY_URI}/blob/{DOCS_REF}/docs/rules/{rule_id}.md"
+def help_uri(rule_id: str, base: str) -> str:
+    """The absolute URI of a shipped rule's page under ``base`` (:func:`docs_base`): ``<base>/<ID>.md``, the
+    layout :mod:`normaudit.docs` writes (``docs/rules/NE101.md``)."""
+    return f"{base.rstrip('/')}/{rule_id}.md"
+
+
+def docs_base(setting: Optional[str] = None) -> Optional[str]:
+    """The absolute URL under which the rule pages ``<ID>.md`` lie, or None when it is not known.
+
+    ``setting``: ``docs-url`` of ``[tool.normaudit]`` (:class:`normaudit.settings.Settings`), used as given.
+    Else the installed package's metadata (``[project.urls]`` of its ``pyproject.toml``): a repository entry
+    (:data:`REPOSITORY_LABELS`) on github.com or gitlab.com gives ``<repo>/blob/HEAD/docs/rules``. A
+    ``Documentation`` entry is not used: where a documentation site puts a rule's page (``.md``, ``.html``,
+    a folder) is not known from its address. None otherwise, and the descriptors carry no ``helpUri``.
+    """
+    if setting:
+        return setting.rstrip("/")
+    return _repository_docs(_project_urls())
+
+
+def _project_urls() -> dict[str, str]:
+    """The installed normaudit's ``Project-URL`` entries, ``{normalised label: url}`` (empty when the
+    distribution's metadata cannot be read)."""
+    from importlib import metadata
+
+    try:
+        entries = metadata.metadata("normaudit").get_all("Project-URL") or []
+    except metadata.PackageNotFoundError:
+        return {}
+    urls: dict[str, str] = {}
+    for entry in entries:
+        label, sep, url = str(entry).partition(",")
+        if sep:
+            urls.setdefault(re.sub(r"[^a-z0-9]", "", label.lower()), url.strip())
+    return urls
+
+
+def _repository_docs(urls: dict[str, str]) -> Optional[str]:
+    """``<repo>/blob/HEAD/docs/rules`` (GitLab: ``/-/blob/HEAD/``) of the first repository URL in ``urls``
+    (:func:`_project_urls`) that is an https URL of a repository on github.com (``/OWNER/NAME``) or
+    gitlab.com (``/GROUP/.../NAME``), else None."""
+    from urllib.parse import urlsplit
+
+    for label in REPOSITORY_LABELS:
+        parts = urlsplit(urls.get(label, ""))
+        host = parts.netloc.lower().removeprefix("www.")
+        path = re.sub(r"\.git$", "", parts.path.rstrip("/"))
+        if parts.scheme == "https" and host in _REPOSITORY_PATHS and not parts.query and not parts.fragment:
+            pattern, blob = _REPOSITORY_PATHS[host]
+            if re.fullmatch(pattern, path):
+                return f"https://{host}{path}{blob}docs/rules"
+    return None
 
 
 def shipped_rule_ids() -> set[str]:
@@ -273,13 +327,14 @@ def _target_properties(report: Report, target: str) -> dict[str, Any]:
             "sites": report.summary.sites}
 
 
-def _descriptors(rules: dict[str, Rule], reports: Sequence[Report]) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    shipped = shipped_rule_ids() if rules else set()
+def _descriptors(rules: dict[str, Rule], reports: Sequence[Report],
+                 base: Optional[str]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    shipped = shipped_rule_ids() if rules and base is not None else set()
     descriptors: list[dict[str, Any]] = []
     index: dict[str, int] = {}
     for rule_id in sorted(rules):
         index[rule_id] = len(descriptors)
-        descriptors.append(_descriptor(rules[rule_id], rule_id in shipped))
+        descriptors.append(_descriptor(rules[rule_id], base if rule_id in shipped else None))
     for report in reports:
         for finding in report.findings:
             if finding.rule_id not in index:
@@ -297,19 +352,21 @@ def _error_text(error: dict[str, Any]) -> str:
 
 
 def build_log(reports: Sequence[Report], rules: dict[str, Rule], root: Optional[Path] = None,
-              errors: Iterable[dict[str, Any]] = (), version: Optional[str] = None) -> dict[str, Any]:
+              errors: Iterable[dict[str, Any]] = (), version: Optional[str] = None,
+              docs_url: Optional[str] = None) -> dict[str, Any]:
     """The SARIF log of one invocation as a JSON-ready dict: one run holding every report's results.
 
     ``rules`` maps rule id to :class:`Rule`; each becomes a ``reportingDescriptor`` (sorted by id), and a
     finding whose rule is missing gets a minimal descriptor built from the finding, so every ``ruleIndex``
     is valid. ``root`` (default :func:`normaudit.report.locations.project_root`) is what ``%SRCROOT%``
     stands for. ``errors``: failed targets, ``{"target", "status", "message"}`` each, written as error
-    notifications of the invocation. ``version``: the tool version when there is no report.
+    notifications of the invocation. ``version``: the tool version when there is no report. ``docs_url``: the
+    ``docs-url`` setting, the base of the shipped rules' ``helpUri`` (:func:`docs_base`).
     """
     from normaudit import __version__
 
     root = (root if root is not None else project_root()).resolve()
-    descriptors, index = _descriptors(rules, reports)
+    descriptors, index = _descriptors(rules, reports, docs_base(docs_url))
     results, targets = [], []
     for report in reports:
         target = target_label(report, root)
@@ -344,10 +401,12 @@ def render(report: Report, rules: dict[str, Rule], options: Any = None) -> str:
     """Render ``report`` as a SARIF 2.1.0 JSON document (one run), ending in a newline.
 
     ``rules`` maps rule id -> :class:`Rule` and supplies the ``tool.driver.rules`` descriptors;
-    ``options.project_root`` (:class:`normaudit.render.RenderOptions`) the base of the URIs.
+    ``options.project_root`` (:class:`normaudit.render.RenderOptions`) the base of the URIs, ``options.docs_url``
+    that of the rule pages (:func:`docs_base`).
     """
     root = getattr(options, "project_root", None)
-    return dumps(build_log([report], rules, Path(root) if root is not None else None))
+    return dumps(build_log([report], rules, Path(root) if root is not None else None,
+                           docs_url=getattr(options, "docs_url", None)))
 
 
 def dumps(log: dict[str, Any]) -> str:
