@@ -32,9 +32,10 @@ import hashlib
 import json
 import os
 import re
+from importlib import metadata
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Optional, Sequence
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from normaudit.engine.schema import Rule
 from normaudit.report.locations import (anchor_in_root, checkpoint_file, project_root, relative_to_root,
@@ -219,8 +220,6 @@ def docs_base(setting: Optional[str] = None) -> Optional[str]:
 def _project_urls() -> dict[str, str]:
     """The installed normaudit's ``Project-URL`` entries, ``{normalised label: url}`` (empty when the
     distribution's metadata cannot be read)."""
-    from importlib import metadata
-
     try:
         entries = metadata.metadata("normaudit").get_all("Project-URL") or []
     except metadata.PackageNotFoundError:
@@ -237,8 +236,6 @@ def _repository_docs(urls: dict[str, str]) -> Optional[str]:
     """``<repo>/blob/HEAD/docs/rules`` (GitLab: ``/-/blob/HEAD/``) of the first repository URL in ``urls``
     (:func:`_project_urls`) that is an https URL of a repository on github.com (``/OWNER/NAME``) or
     gitlab.com (``/GROUP/.../NAME``), else None."""
-    from urllib.parse import urlsplit
-
     for label in REPOSITORY_LABELS:
         parts = urlsplit(urls.get(label, ""))
         host = parts.netloc.lower().removeprefix("www.")
