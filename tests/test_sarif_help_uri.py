@@ -129,3 +129,21 @@ def test_a_repository_in_the_metadata_links_the_rule_pages_there(tmp_path, monke
     log = json.loads(sarif.render(make_report(tmp_path), make_rules(), RenderOptions(project_root=tmp_path)))
     assert schema_errors(log) == []
     assert _descriptors(log)["NE101"]["helpUri"] == "https://github.com/org/normaudit/blob/HEAD/docs/rules/NE101.md"
+
+
+def test_information_uri_only_from_the_metadata(tmp_path, monkeypatch):
+    """``tool.driver.informationUri`` is the metadata's home page, else its repository, else left out (never
+    a page the project may not own)."""
+    monkeypatch.chdir(tmp_path)
+
+    def driver() -> dict:
+        log = json.loads(sarif.render(make_report(tmp_path), make_rules(), RenderOptions(project_root=tmp_path)))
+        assert schema_errors(log) == []
+        return log["runs"][0]["tool"]["driver"]
+
+    _metadata_with(monkeypatch)
+    assert "informationUri" not in driver()
+    _metadata_with(monkeypatch, "Repository, https://github.com/org/normaudit")
+    assert driver()["informationUri"] == "https://github.com/org/normaudit"
+    _metadata_with(monkeypatch, "Repository, https://github.com/org/normaudit", "Homepage, https://normaudit.org")
+    assert driver()["informationUri"] == "https://normaudit.org"

@@ -44,8 +44,9 @@ from normaudit.report import Finding, Report, SourceLocation
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
-#: Where ``tool.driver.informationUri`` points; change here when the project gets a home page.
-INFORMATION_URI = "https://pypi.org/project/normaudit/"
+#: The ``Project-URL`` labels (normalised as :data:`REPOSITORY_LABELS`) whose URL, when the metadata has one,
+#: becomes ``tool.driver.informationUri``: the home page first, then the repository.
+INFORMATION_LABELS = ("homepage", *("source", "repository", "sourcecode", "github"))
 #: The ``Project-URL`` labels (normalised as PEP 753 does: lower case, no punctuation or white space) of the
 #: package metadata taken as the source repository (PEP 753's ``source`` and its aliases), whose ``docs/rules/<ID>.md`` pages
 #: (:func:`normaudit.docs.doc_path`) ``helpUri`` links to.
@@ -217,6 +218,17 @@ def docs_base(setting: Optional[str] = None) -> Optional[str]:
     return _repository_docs(_project_urls())
 
 
+def information_uri() -> Optional[str]:
+    """``tool.driver.informationUri``: the https home page or repository of the installed package's metadata
+    (:data:`INFORMATION_LABELS`), or None, and the driver carries none: SARIF makes it optional, and a URL
+    the project does not own would send readers nowhere."""
+    urls = _project_urls()
+    for label in INFORMATION_LABELS:
+        if urlsplit(urls.get(label, "")).scheme == "https":
+            return urls[label]
+    return None
+
+
 def _project_urls() -> dict[str, str]:
     """The installed normaudit's ``Project-URL`` entries, ``{normalised label: url}`` (empty when the
     distribution's metadata cannot be read)."""
@@ -376,9 +388,11 @@ def build_log(reports: Sequence[Report], rules: dict[str, Rule], root: Optional[
     if notifications:
         invocation["toolExecutionNotifications"] = notifications
     tool_version = reports[0].version if reports else (version or __version__)
+    driver: dict[str, Any] = {"name": "normaudit", "version": tool_version, "semanticVersion": tool_version}
+    if (info := information_uri()) is not None:
+        driver["informationUri"] = info
     run: dict[str, Any] = {
-        "tool": {"driver": {"name": "normaudit", "version": tool_version, "semanticVersion": tool_version,
-                            "informationUri": INFORMATION_URI, "rules": descriptors}},
+        "tool": {"driver": {**driver, "rules": descriptors}},
         "automationDetails": {"id": AUTOMATION_ID},
         "originalUriBaseIds": {SRCROOT: {"uri": root.as_uri().rstrip("/") + "/"}},
         "invocations": [invocation],
