@@ -1,6 +1,7 @@
 """The placement pass (:func:`analyse`): residual adds and blocks, then the role of each norm in two passes
 (q/k norms and norms inside a branch first, then norms on the stream), skip-from-norm, norm-feeds-norm, and
-the model facts."""
+the model facts. An L2Norm (a unit vector) takes part as a q/k norm only: elsewhere it is ``unknown`` and left
+out of the stream roles and the model facts."""
 from __future__ import annotations
 
 from torch import fx
@@ -16,6 +17,7 @@ from normaudit.facts.placement.roles import branch_placement, cuts_identity, dou
 from normaudit.facts.placement.scores import contracted_by_scores, reaches_scores
 from normaudit.facts.sites import SiteRecord
 from normaudit.report import ModelFacts
+from normaudit.vocabulary.kinds import L2_KIND
 
 
 def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
@@ -40,11 +42,14 @@ def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
         add_mask |= 1 << g.idx[a.node]
     infos = _site_infos(g, records, candidates)
     _place_in_branches(g, infos, adds, residual)
-    _place_on_stream(g, infos, residual, add_mask)
+    # an L2 normalisation (a unit vector for a cosine similarity: a contrastive head, nGPT's hidden state on
+    # the sphere) has no pre/post role on the stream; a q/k one is a qk norm as any other
+    placed = [i for i in infos if i.rec.site.kind != L2_KIND or i.placement == "qk"]
+    _place_on_stream(g, placed, residual, add_mask)
     for info in infos:
         info.rec.site.placement = info.placement  # type: ignore[assignment]
-    double_norms(g, infos)
-    model_facts(g, adds, residual, infos, model)
+    double_norms(g, placed)
+    model_facts(g, adds, residual, placed, model)
 
 
 def _site_infos(g: StreamGraph, records: list[SiteRecord], candidates: set[str]) -> list[SiteInfo]:
@@ -64,7 +69,8 @@ def _site_infos(g: StreamGraph, records: list[SiteRecord], candidates: set[str])
 def _place_in_branches(g: StreamGraph, infos: list[SiteInfo], adds: list[ResidualAdd],
                        residual: dict[fx.Node, ResidualAdd]) -> None:
     """Pass 1: ``none`` for every norm of a model without residual adds, ``qk`` norms (with
-    ``contracted_by_scores``), and norms inside a residual branch (:func:`branch_placement`)."""
+    ``contracted_by_scores``), and norms inside a residual branch (:func:`branch_placement`); an L2Norm that
+    is no qk norm stays ``unknown``."""
     for info in infos:
         if info.inp is None or info.out is None:
             continue
@@ -76,7 +82,8 @@ def _place_in_branches(g: StreamGraph, infos: list[SiteInfo], adds: list[Residua
             if contracted_by_scores(g, info):
                 info.rec.site.stream.contracted_by_scores = True
             continue
-        branch_placement(g, info, adds)
+        if info.rec.site.kind != L2_KIND:
+            branch_placement(g, info, adds)
 
 
 def _place_on_stream(g: StreamGraph, infos: list[SiteInfo], residual: dict[fx.Node, ResidualAdd],
