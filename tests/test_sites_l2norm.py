@@ -115,3 +115,27 @@ def test_l2_norms_on_the_stream_and_in_heads_take_no_placement_role():
         ("blocks.1", {"blocks.1.norm1": "pre", "blocks.1.attn": "qk", "blocks.1.attn#2": "qk", "blocks.1.norm2": "pre"}),
         ("ngpt.0", {}), ("ngpt.1", {})]  # residual blocks (h + alpha * (m - h)) whose only norms are L2 ones
     assert [(f.rule_id, f.module, f.severity) for f in report.findings] == []
+
+
+def test_an_l2norm_owns_its_modules_parameters_only_through_a_gain():
+    """nGPT's ``alpha`` (d,) is an interpolation weight of the block, not a gain of its L2 normalisations; a
+    learned ``scale * F.normalize(x)`` owns ``scale``."""
+    from normaudit.facts.weights import site_param_names
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj, self.scale = nn.Linear(16, 16), nn.Parameter(torch.ones(16))
+
+        def forward(self, x):
+            return self.scale * F.normalize(self.proj(x), dim=-1)
+
+    fixture = load_fixture_module(LAYOUT / "NL101_8.py")
+    model = fixture.build_model()
+    report = audit_model(model, fixture.example_inputs(), rules={})
+    ngpt = [s for s in report.sites if s.module == "ngpt.0"]
+    assert [(s.kind, s.affine_weight) for s in ngpt] == [("L2Norm", None), ("L2Norm", None)]
+    assert [site_param_names(s, model.ngpt[0]) for s in ngpt] == [[], []]
+    scaled = Scaled()
+    (s,) = audit_model(scaled, (torch.randn(2, 5, 16),), rules={}).sites
+    assert (s.kind, s.affine_weight, site_param_names(s, scaled)) == ("L2Norm", True, ["scale"])
