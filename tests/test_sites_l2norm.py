@@ -139,3 +139,32 @@ def test_an_l2norm_owns_its_modules_parameters_only_through_a_gain():
     scaled = Scaled()
     (s,) = audit_model(scaled, (torch.randn(2, 5, 16),), rules={}).sites
     assert (s.kind, s.affine_weight, site_param_names(s, scaled)) == ("L2Norm", True, ["scale"])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_parameterless_normalize_module_is_an_l2norm_and_one_with_a_gain_an_rmsnorm(method):
+    """A leaf module that only calls ``F.normalize`` has no gain to absorb sqrt(d): a unit vector (L2Norm);
+    with a learned gain ``F.normalize(x) * sqrt(d) * g`` it is an RMSNorm (lucidrains' RMSNorm)."""
+    class Normalize(nn.Module):
+        def forward(self, x):
+            return F.normalize(x, dim=-1)
+
+    class GainNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.g = nn.Parameter(torch.ones(16))
+
+        def forward(self, x):
+            return F.normalize(x, dim=-1) * 4.0 * self.g
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj, self.unit, self.rms = nn.Linear(16, 16), Normalize(), GainNorm()
+
+        def forward(self, x):
+            return self.rms(self.proj(x)) + self.unit(self.proj(x))
+
+    records = _records(Head(), (torch.randn(2, 5, 16),), method)
+    assert sorted((r.site.module, r.site.kind, r.site.eps, r.site.normalized_axes) for r in records) == [
+        ("rms", "RMSNorm", 1e-12, ["feature"]), ("unit", "L2Norm", 1e-12, ["feature"])]

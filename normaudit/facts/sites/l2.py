@@ -2,8 +2,8 @@
 
 ``x / max(||x||_2 [* d ** -0.5], eps)``, its inverse form and ``F.normalize`` (PyTorch docs:
 ``v / max(||v||_p, eps)``, p=2, dim=1, eps=1e-12 by default; export writes it ``linalg_vector_norm``,
-``clamp_min``, ``div``) are RMSNorms inside a module that is only a norm (the L2 norm is the RMS up to
-sqrt(d), which the gain absorbs), and L2Norms anywhere else: a unit vector over ``dim`` (q/k-norm,
+``clamp_min``, ``div``) are RMSNorms inside a module that is only a norm and owns a gain (the L2 norm is the
+RMS up to sqrt(d), which the gain absorbs), and L2Norms anywhere else: a unit vector over ``dim`` (q/k-norm,
 cross-covariance attention over the token axis, a contrastive head, nGPT's hidden state). Both carry the hint
 ``statistic="l2_norm"`` with the constant factors ``l2_pre``/``l2_post``. Outside a norm module, a 2-norm
 divided in with no eps is a site only when a learned parameter rescales the result (a gain, or the
@@ -168,11 +168,17 @@ def add_l2(node: fx.Node, act: Optional[set], add_pattern, modules, data: Option
     if not in_norm and eps is None and not learned_rescale(applied, act):
         return  # x / ||x|| with no eps and no learned scale: a bare cosine similarity
     rec = add_pattern(path, node, node, applied, src, dims, False, "mean_square", eps, how,
-                      kind=None if in_norm else L2_KIND)
+                      kind=None if in_norm and has_gain(modules.get(path)) else L2_KIND)
     rec.hints["statistic"] = "l2_norm"
     rec.hints.update(factors)
     if op_name(node) == "normalize":
         rec.site.op = "normalize"  # F.normalize as symbolic tracing records it (export decomposes it)
+
+
+def has_gain(mod: Any) -> bool:
+    """The norm module owns a parameter (its gain): only then is its L2 norm an RMSNorm, the gain absorbing
+    the factor sqrt(d) between ``||x||_2`` and the RMS; a parameterless ``F.normalize`` module is a unit vector."""
+    return mod is not None and any(True for _ in mod.parameters(recurse=False))
 
 
 def learned_rescale(normed: fx.Node, act: Optional[set]) -> bool:
