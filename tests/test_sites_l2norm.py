@@ -168,3 +168,41 @@ def test_a_parameterless_normalize_module_is_an_l2norm_and_one_with_a_gain_an_rm
     records = _records(Head(), (torch.randn(2, 5, 16),), method)
     assert sorted((r.site.module, r.site.kind, r.site.eps, r.site.normalized_axes) for r in records) == [
         ("rms", "RMSNorm", 1e-12, ["feature"]), ("unit", "L2Norm", 1e-12, ["feature"])]
+
+
+def test_an_l2_norm_module_of_its_own_is_placed_as_any_norm():
+    """transformers Dory's ``DoryL2Norm`` (``x * rsqrt(sum(x^2) + eps)``, no gain, a module of its own) is an
+    L2Norm that normalises the stream where a pre-LN model's norms do: ``pre`` in its blocks, ``final`` after."""
+    class UnitNorm(nn.Module):
+        def __init__(self, eps: float = 1e-6):
+            super().__init__()
+            self.eps = eps
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + self.eps)
+
+    class Block(nn.Module):
+        def __init__(self, d: int = 16):
+            super().__init__()
+            self.norm, self.mlp = UnitNorm(), nn.Sequential(nn.Linear(d, 2 * d), nn.SiLU(), nn.Linear(2 * d, d))
+
+        def forward(self, x):
+            return x + self.mlp(self.norm(x))
+
+    class Net(nn.Module):
+        def __init__(self, d: int = 16):
+            super().__init__()
+            self.embed, self.blocks, self.norm = nn.Linear(8, d), nn.ModuleList([Block(d), Block(d)]), UnitNorm()
+
+        def forward(self, x):
+            h = self.embed(x)
+            for b in self.blocks:
+                h = b(h)
+            return self.norm(h)
+
+    report = audit_model(Net(), (torch.randn(2, 5, 8),), rules=family_rules("placement"))
+    assert [(s.module, s.kind, s.eps, s.inline, s.placement) for s in report.sites] == [
+        ("blocks.0.norm", "L2Norm", 1e-6, False, "pre"), ("blocks.1.norm", "L2Norm", 1e-6, False, "pre"),
+        ("norm", "L2Norm", 1e-6, False, "final")]
+    assert (report.model.placement, report.model.has_final_norm) == ("pre", True)
+    assert [(f.rule_id, f.module, f.severity) for f in report.findings] == []
