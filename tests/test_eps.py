@@ -181,7 +181,7 @@ def test_normalize_default_clamp_underflows_in_float16_only(dtype, expected):
             return F.normalize(self.fc(x), dim=-1) * self.g
 
     report = audit_model(Normed(), (torch.randn(2, 5, 16),), rules=family_rules("eps"), dtype=dtype)
-    assert [(s.module, s.kind, s.eps) for s in report.sites] == [("", "RMSNorm", 1e-12)]
+    assert [(s.module, s.kind, s.eps) for s in report.sites] == [("", "L2Norm", 1e-12)]
     assert [(f.rule_id, f.module, f.severity) for f in report.findings] == expected
 
 

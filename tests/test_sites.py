@@ -334,7 +334,9 @@ def test_var_mean_over_sequence_and_feature(method):
 
 
 @pytest.mark.parametrize("method", ["symbolic_trace", "export"])
-def test_cosine_similarity_normalisation_is_not_a_norm_site(method):
+def test_cosine_similarity_normalisations_are_l2norm_sites(method):
+    """``F.normalize`` and ``x / ||x||.clamp(min=eps)`` outside a norm module are L2Norm sites over their dim,
+    with their eps and no gain (PyTorch docs, torch.nn.functional.normalize: eps default 1e-12)."""
     class Retriever(nn.Module):
         def __init__(self):
             super().__init__()
@@ -342,8 +344,13 @@ def test_cosine_similarity_normalisation_is_not_a_norm_site(method):
 
         def forward(self, x):
             q = F.normalize(self.q(x), dim=-1)
-            k = self.k(x) / torch.norm(self.k(x), dim=-1, keepdim=True).clamp(min=1e-6)
+            k = self.k(x)
+            k = k / torch.norm(k, dim=-1, keepdim=True).clamp(min=1e-6)
             return q @ k.transpose(-2, -1)
 
     _, records = _facts(Retriever(), (torch.randn(2, 7, 16),), (method,))
-    assert records == []
+    assert [(r.site.module, r.site.call_index, r.site.kind, r.site.eps, r.site.reduced_dims, r.site.normalized_axes,
+             r.site.affine_weight, r.site.formula.gain) for r in records] == [
+        ("", 0, "L2Norm", 1e-12, [2], ["feature"], None, "none"),
+        ("", 1, "L2Norm", 1e-6, [2], ["feature"], None, "none")]
+    assert [r.hints["how_eps"] for r in records] == ["clamp", "clamp"]

@@ -103,8 +103,11 @@ class Heads(nn.Module):
 
 
 @pytest.mark.parametrize("method", ["symbolic_trace", "export"])
-def test_unit_direction_of_a_projection_is_no_site(method):
+def test_unit_direction_of_a_projection_is_an_l2norm_not_an_rmsnorm(method):
+    """The unit value vector is an L2 normalisation (kind L2Norm, in float32: the input is upcast first), not
+    the RMSNorm a module that is only a norm makes of ``F.normalize``."""
     cap = capture_model(Heads(), (torch.randn(2, 5, 4, 8),), on_meta=False, methods=(method,))
     assert cap.method == method, cap.attempts
     records = collect_facts(FactContext(cap=cap, probe_model=Heads())).records
-    assert [(r.site.module, r.site.kind, r.site.reduced_dims) for r in records] == [("norm", "RMSNorm", [3])]
+    assert [(r.site.module, r.site.kind, r.site.reduced_dims, r.site.eps) for r in records] == [
+        ("xsa", "L2Norm", [3], 1e-12), ("norm", "RMSNorm", [3], 1e-12)]

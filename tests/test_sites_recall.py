@@ -122,15 +122,17 @@ def test_global_response_norm_is_a_site(method):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_l2_norms_with_a_gain_are_rmsnorms(method):
-    """``F.normalize(x) * g * sqrt(C)`` (lucidrains' RMSNorm of UNets) and a learned ``scale * F.normalize(x)``
-    are RMSNorms: the L2 norm is the RMS up to sqrt(d), which the gain absorbs."""
+def test_l2_norm_modules_are_rmsnorms_and_inline_ones_l2norms_with_their_gain(method):
+    """``F.normalize(x) * g * sqrt(C)`` in a module that is only a norm (lucidrains' RMSNorm of UNets) is an
+    RMSNorm: the L2 norm is the RMS up to sqrt(d), which the gain absorbs. A learned ``scale * F.normalize(x)``
+    inside a larger module is an L2Norm whose gain is that multiply."""
     records = _records(Conv(R.L2RMSNorm2d(8)), IMG, method)
     assert _got(records) == [("norm", "RMSNorm", 1e-12, ["channel"])]
     # F.normalize * g * sqrt(C) is x / sqrt(mean(x^2)): the probe confirms it on the (1, C, 1, 1) gain
     assert records[0].site.formula.confirmed is True
     records = _records(Seq(R.ScaledFeatures(16)), SEQ, method)
-    assert _got(records) == [("norm", "RMSNorm", 1e-12, ["feature"])]
+    assert _got(records) == [("norm", "L2Norm", 1e-12, ["feature"])]
+    assert (records[0].site.affine_weight, records[0].site.formula.gain) == (True, "weight")
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -153,10 +155,10 @@ def test_module_returning_only_the_inverse_rms_is_probed(method):
 @pytest.mark.parametrize("method", METHODS)
 def test_cosine_qk_norms_with_a_learned_temperature_are_sites(method):
     """Swin-V2's cosine attention: L2-normalised q and k whose scores a learned temperature scales before the
-    softmax are two RMSNorm sites (the temperature is their gain)."""
+    softmax are two L2Norm sites."""
     records = _records(Seq(R.CosineAttention(16)), SEQ, method)
     assert [(r.site.module, r.site.call_index, r.site.kind, r.site.eps, r.site.reduced_dims) for r in records] == [
-        ("norm", 0, "RMSNorm", 1e-12, [3]), ("norm", 1, "RMSNorm", 1e-12, [3])]
+        ("norm", 0, "L2Norm", 1e-12, [3]), ("norm", 1, "L2Norm", 1e-12, [3])]
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -296,7 +298,7 @@ def test_swinv2_cosine_attention_norms_are_qk_sites_and_clip_logits_are_not(rule
                 num_heads=[2, 2], window_size=4)
     report = audit_model(model, rules=rules, on_meta=True)
     qk = [(s.module, s.call_index, s.kind, s.eps) for s in report.sites if s.class_name == "Swinv2SelfAttention"]
-    assert qk == [(f"encoder.layers.{i}.blocks.0.attention.self", k, "RMSNorm", 1e-12) for i in (0, 1) for k in (0, 1)]
+    assert qk == [(f"encoder.layers.{i}.blocks.0.attention.self", k, "L2Norm", 1e-12) for i in (0, 1) for k in (0, 1)]
     clip = _hf("CLIPConfig", "CLIPModel", projection_dim=8,
                text_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                                 vocab_size=100, bos_token_id=0, eos_token_id=1, pad_token_id=1),
@@ -349,8 +351,8 @@ def test_inverse_of_an_l2_norm_times_sqrt_d_is_an_rmsnorm(method):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_inverse_l2_without_a_gain_outside_a_norm_module_is_no_site(method):
-    class Retriever(nn.Module):  # x * (1 / ||x||): a cosine similarity, no norm layer
+def test_inverse_l2_outside_a_norm_module_is_an_l2norm_and_without_eps_no_site(method):
+    class Retriever(nn.Module):  # x * (1 / max(||x||, eps)): a unit vector for a cosine similarity
         def __init__(self):
             super().__init__()
             self.q, self.k = nn.Linear(16, 16), nn.Linear(16, 16)
@@ -360,7 +362,13 @@ def test_inverse_l2_without_a_gain_outside_a_norm_module_is_no_site(method):
             q = q * (1.0 / q.norm(dim=-1, keepdim=True).clamp_min(1e-6))
             return q @ k.transpose(-2, -1)
 
-    assert _records(Retriever(), SEQ, method) == []
+    class Bare(Retriever):  # x * (1 / ||x||), no eps, no learned scale: a bare cosine similarity, no site
+        def forward(self, x):
+            q, k = self.q(x), self.k(x)
+            return (q * (1.0 / q.norm(dim=-1, keepdim=True))) @ k.transpose(-2, -1)
+
+    assert _got(_records(Retriever(), SEQ, method)) == [("", "L2Norm", 1e-6, ["feature"])]
+    assert _records(Bare(), SEQ, method) == []
 
 
 @pytest.mark.parametrize("method", METHODS)

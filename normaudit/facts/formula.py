@@ -49,7 +49,7 @@ from normaudit.report import Formula
 from normaudit.vocabulary.dtypes import HALF_DTYPES as HALF, dtype_name
 from normaudit.vocabulary.graph import (NEUTRAL_OPS, dtype, op_name, owner, reduction, scalar_operand, strip_neutral,
                                        strip_through)
-
+from normaudit.vocabulary.kinds import L2_KIND
 
 FUSED_KINDS = ("LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm", "InstanceNorm")
 # ops a parameter passes through on its way to the gain multiply (casts, views, broadcasting)
@@ -292,6 +292,9 @@ def graph_formula(rec: SiteRecord, g: _GainReader, owner_nodes: Optional[set] = 
         f.inverted_scale = (op_name(applied) == "div") == inverse
         gain, bias = _affine(g, rec, applied, owner_nodes)
         f.gain, f.bias = gain or "none", bias
+    elif s.kind == L2_KIND:
+        # x / max(||x||_2, eps) has no root node: its gain is the multiply the affine chain found, if any
+        f.gain, f.bias = ("weight" if s.affine_weight else "none"), bool(s.affine_bias)
     red = reduction(rec.stat)
     stat_op = red.op if red is not None else None
     f.fused = False

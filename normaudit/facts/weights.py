@@ -66,6 +66,8 @@ def site_param_names(site: Any, mod: Optional[nn.Module]) -> list[str]:
     items = list(mod.named_parameters(recurse=False)) + persistent
     if site.detected_by in ("module", "module_walk"):
         return [n for n, _ in items]
+    if site.kind == "L2Norm" and not site.affine_weight:
+        return []  # a unit vector with no gain multiplied in owns none of its module's parameters
     size = _numel(site.normalized_shape) or site.num_channels
     return [n for n, t in items if t.dim() == 1 and (size is None or t.numel() == size)]
 

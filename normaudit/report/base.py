@@ -7,7 +7,11 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict
 
 
-Kind = Literal["LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm", "InstanceNorm", "LocalResponseNorm", "Other"]
+#: ``L2Norm``: ``x / max(||x||_p, eps)`` over some dims (``F.normalize``, ``x / x.norm(dim=-1, keepdim=True)``)
+#: outside a module that is only a norm: a unit vector for a cosine similarity (q/k-norm, cross-covariance
+#: attention, a contrastive head, nGPT's hidden state on the sphere), not a per-example feature normalisation
+Kind = Literal["LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm", "InstanceNorm", "LocalResponseNorm", "L2Norm",
+               "Other"]
 
 
 AxisLabel = Literal["batch", "sequence", "height", "width", "depth", "channel", "feature", "head", "unknown"]

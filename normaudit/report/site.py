@@ -106,7 +106,7 @@ class Site(_Model):
         if self.detected_by == "module" and torch_nn:
             return f"nn.{self.class_name}({_constructor_args(self)})"
         what = _computes(self)
-        if self.detected_by == "functional":
+        if self.detected_by == "functional" or (self.detected_by == "pattern" and self.op == "normalize"):
             return f"F.{self.op or self.kind.lower()} in `{self.class_name}` ({what})"
         if self.detected_by == "pattern":
             where = "in " if self.inline else ""
@@ -169,7 +169,9 @@ def _computes(site: Site) -> str:
     """``mean of squares over the last 512 features, eps 1e-06``: the statistic, its dims and eps."""
     f = site.formula
     stat = _STATISTIC.get(f.variance) if f is not None and f.variance else None
-    if stat is None:
+    if site.kind == "L2Norm":
+        stat = "L2 norm"
+    elif stat is None:
         stat = "mean of squares" if site.kind == "RMSNorm" else "mean and variance"
     if site.kind in ("BatchNorm", "InstanceNorm", "GroupNorm"):
         stat += " per channel" if site.kind != "GroupNorm" else " per group"

@@ -1,7 +1,8 @@
 """The norm kinds normaudit knows and how a module or an op names one: the torch.nn norm classes
 (:data:`BUILTIN_KINDS`), the functional/aten norm ops (:data:`OP_KINDS`), and the norm modules of a model found
 by walking ``named_modules()`` (:func:`norm_modules`: built-ins by class, hand-written ones by a class name that
-says norm). The kinds are those of ``normaudit.report.Kind`` (CONTRACT.md)."""
+says norm). The kinds are those of ``normaudit.report.Kind`` (CONTRACT.md); :data:`L2_KIND` has no torch.nn
+class and no fused op: it is found by what the graph computes (``normaudit.facts.sites.l2``)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -19,6 +20,10 @@ BUILTIN_KINDS: list[tuple[type, str]] = [
 ]
 #: kinds whose statistics subtract the mean (LayerNorm: Ba et al. 2016 eq. 3; BatchNorm, GroupNorm, InstanceNorm)
 MEAN_SUBTRACTING_KINDS = ("LayerNorm", "BatchNorm", "GroupNorm", "InstanceNorm")
+#: ``x / max(||x||_p, eps)`` (PyTorch docs: torch.nn.functional.normalize, p=2, dim=1, eps=1e-12 by default)
+#: outside a module that is only a norm: a unit vector, which the layout rules' premise (per-example feature
+#: statistics) does not cover; inside a norm module the same computation is an RMSNorm up to sqrt(d)
+L2_KIND = "L2Norm"
 OP_KINDS = {"layer_norm": "LayerNorm", "rms_norm": "RMSNorm", "batch_norm": "BatchNorm",
             "group_norm": "GroupNorm", "instance_norm": "InstanceNorm", "local_response_norm": "LocalResponseNorm"}
 

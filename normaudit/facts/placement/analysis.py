@@ -1,6 +1,8 @@
 """The placement pass (:func:`analyse`): residual adds and blocks, then the role of each norm in two passes
 (q/k norms and norms inside a branch first, then norms on the stream), skip-from-norm, norm-feeds-norm, and
-the model facts."""
+the model facts. An L2Norm computed inline (a unit vector) takes part as a q/k norm only: elsewhere it is
+``unknown`` and left out of the stream roles and the model facts; one that is a norm module of its own is placed
+as any norm."""
 from __future__ import annotations
 
 from torch import fx
@@ -16,6 +18,7 @@ from normaudit.facts.placement.roles import branch_placement, cuts_identity, dou
 from normaudit.facts.placement.scores import contracted_by_scores, reaches_scores
 from normaudit.facts.sites import SiteRecord
 from normaudit.report import ModelFacts
+from normaudit.vocabulary.kinds import L2_KIND
 
 
 def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
@@ -40,11 +43,15 @@ def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
         add_mask |= 1 << g.idx[a.node]
     infos = _site_infos(g, records, candidates)
     _place_in_branches(g, infos, adds, residual)
-    _place_on_stream(g, infos, residual, add_mask)
+    # an L2 normalisation computed inline (a unit vector for a cosine similarity: a contrastive head, nGPT's
+    # hidden state kept on the sphere by F.normalize) has no pre/post role on the stream; a q/k one is a qk
+    # norm as any other, and a norm module of its own (transformers Dory's DoryL2Norm) a norm of the stream
+    placed = [i for i in infos if not _inline_l2(i) or i.placement == "qk"]
+    _place_on_stream(g, placed, residual, add_mask)
     for info in infos:
         info.rec.site.placement = info.placement  # type: ignore[assignment]
-    double_norms(g, infos)
-    model_facts(g, adds, residual, infos, model)
+    double_norms(g, placed)
+    model_facts(g, adds, residual, placed, model)
 
 
 def _site_infos(g: StreamGraph, records: list[SiteRecord], candidates: set[str]) -> list[SiteInfo]:
@@ -64,7 +71,8 @@ def _site_infos(g: StreamGraph, records: list[SiteRecord], candidates: set[str])
 def _place_in_branches(g: StreamGraph, infos: list[SiteInfo], adds: list[ResidualAdd],
                        residual: dict[fx.Node, ResidualAdd]) -> None:
     """Pass 1: ``none`` for every norm of a model without residual adds, ``qk`` norms (with
-    ``contracted_by_scores``), and norms inside a residual branch (:func:`branch_placement`)."""
+    ``contracted_by_scores``), and norms inside a residual branch (:func:`branch_placement`); an inline
+    L2Norm that is no qk norm stays ``unknown``."""
     for info in infos:
         if info.inp is None or info.out is None:
             continue
@@ -76,7 +84,13 @@ def _place_in_branches(g: StreamGraph, infos: list[SiteInfo], adds: list[Residua
             if contracted_by_scores(g, info):
                 info.rec.site.stream.contracted_by_scores = True
             continue
-        branch_placement(g, info, adds)
+        if not _inline_l2(info):
+            branch_placement(g, info, adds)
+
+
+def _inline_l2(info: SiteInfo) -> bool:
+    """An L2Norm computed inside a larger module's forward, not by a norm module of its own."""
+    return info.rec.site.kind == L2_KIND and info.rec.site.inline
 
 
 def _place_on_stream(g: StreamGraph, infos: list[SiteInfo], residual: dict[fx.Node, ResidualAdd],

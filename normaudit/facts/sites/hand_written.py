@@ -5,9 +5,11 @@ turned into a scale by ``sqrt``/``rsqrt``/``pow(-0.5)`` (or ``std`` itself), app
 - a centred numerator (``x - mean``) -> LayerNorm; a grouped view of it given back ``x``'s layout ->
   GroupNorm (:mod:`.group_norm`);
 - ``x`` itself -> RMSNorm (Zhang & Sennrich 2019), also when the statistic is a variance
-  (``x * rsqrt(var(x) + eps)``: formula variance ``unbiased``, ``mean_subtracted`` False) or a sum of squares;
+  (``x * rsqrt(var(x) + eps)``: formula variance ``unbiased``, ``mean_subtracted`` False);
 - a gated numerator (``x * sigmoid(v * x) / group_std``) or a ``max``/``+`` of denominators, and a
   cumulative statistic -> Other (EvoNorm: Liu et al. 2020);
+- a sum of squares (``x * rsqrt(sum(x^2) + eps)``) -> RMSNorm inside a module that is only a norm and owns a
+  gain, else L2Norm (a unit vector, :mod:`.l2`);
 - the 2-norm forms (:mod:`.l2`) and frozen BatchNorms (:mod:`.frozen_batchnorm`) are found on the same walk.
 
 A statistic of a parameter (weight standardisation) is no site."""
@@ -22,10 +24,10 @@ from normaudit.facts.sites.application import apply_node, combined_denominator, 
     numerator_form
 from normaudit.facts.sites.frozen_batchnorm import add_frozen_batchnorm, buffer_stat
 from normaudit.facts.sites.group_norm import finish_group_norm, group_view, restored
-from normaudit.facts.sites.l2 import add_l2, l2_stat, learned_rescale
+from normaudit.facts.sites.l2 import add_l2, has_gain, l2_stat, learned_rescale
 from normaudit.facts.sites.statistics import analyse_stat, find_stat, is_root
 from normaudit.vocabulary.graph import op_name, owner, scalar_operand, shape
-from normaudit.vocabulary.kinds import builtin_kind
+from normaudit.vocabulary.kinds import L2_KIND, builtin_kind
 
 
 def hand_written_sites(gm: fx.GraphModule, modules: dict, claimed: set, act: Optional[set], add_pattern,
@@ -89,14 +91,16 @@ def _add_scaled_statistic(node: fx.Node, stat: fx.Node, eps: Optional[float], ho
     if applied is None:
         return
     path = owner(node, modules)
-    if info.get("statistic") == "l2_norm" and not norm_like(modules.get(path)) and not learned_rescale(applied, act):
-        return  # x / sqrt(sum(x^2)) outside a norm module and with no gain: a cosine similarity
+    l2 = info.get("statistic") == "l2_norm"
+    if l2 and not norm_like(modules.get(path)) and eps is None and not learned_rescale(applied, act):
+        return  # x / sqrt(sum(x^2)) outside a norm module, with no eps and no gain: a cosine similarity
+    l2_outside = l2 and not (norm_like(modules.get(path)) and has_gain(modules.get(path)))
     other = next((a for a in applied.args[:2] if not feeds_from(a, scale)), None)
     form = numerator_form(other, info["source"], act)
     centered = info["centered"] if form in ("unknown", "gated") else form == "centred"
     combined = combined_denominator(scale, applied)
     cumulative = info.get("statistic") == "cumulative"  # statistics over steps 0..t: no per-step norm
-    kind = "Other" if form == "gated" or combined or cumulative else None
+    kind = "Other" if form == "gated" or combined or cumulative else L2_KIND if l2_outside else None
     group = group_view(info["source"], info["dims"]) if kind is None and centered else None
     if group is not None and not restored(applied, shape(group[0])):
         group = None  # the result stays in the view: a norm over the view's dims (a framed waveform)

@@ -1,10 +1,14 @@
 """Norms built on a 2-norm ``||x||_2`` (``torch.norm``, ``linalg_vector_norm``, ``F.normalize``).
 
-``x / max(||x||_2 [* d ** -0.5], eps)``, its inverse form and ``F.normalize`` are RMSNorms (the L2 norm is the
-RMS up to sqrt(d), which the gain absorbs; hint ``statistic="l2_norm"`` with the constant factors
-``l2_pre``/``l2_post``) inside a module that is only a norm, or elsewhere when a learned parameter rescales
-the result: a gain, or the temperature of cosine q/k scores that feed a softmax. A bare cosine similarity,
-contrastive logits, and an L2-normalised direction its module projects other activations on are no site.
+``x / max(||x||_2 [* d ** -0.5], eps)``, its inverse form and ``F.normalize`` (PyTorch docs:
+``v / max(||v||_p, eps)``, p=2, dim=1, eps=1e-12 by default; export writes it ``linalg_vector_norm``,
+``clamp_min``, ``div``) are RMSNorms inside a module that is only a norm and owns a gain (the L2 norm is the
+RMS up to sqrt(d), which the gain absorbs), and L2Norms anywhere else: a unit vector over ``dim`` (q/k-norm,
+cross-covariance attention over the token axis, a contrastive head, nGPT's hidden state). Both carry the hint
+``statistic="l2_norm"`` with the constant factors ``l2_pre``/``l2_post``. Outside a norm module, a 2-norm
+divided in with no eps is a site only when a learned parameter rescales the result (a gain, or the
+temperature of cosine q/k scores that feed a softmax): a bare ``x / x.norm(dim=-1, keepdim=True)`` is a
+cosine similarity written without eps on purpose (CLIP's reference code), no site.
 Global Response Normalization (Woo et al. 2023, eq. 1-2: ``||x||_2`` over H, W divided by its channel mean +
 eps) is kind Other (hint ``statistic="grn"``)."""
 from __future__ import annotations
@@ -18,6 +22,7 @@ from normaudit.facts.sites.activations import is_act
 from normaudit.facts.sites.application import SCALE_PATH, VIEW_OPS, apply_node, feeds_from, norm_like
 from normaudit.vocabulary.graph import FOLLOW, NEUTRAL_OPS, arg, forward_walk, op_name, owner, reduction, \
     scalar_operand, shape, strip_neutral
+from normaudit.vocabulary.kinds import L2_KIND
 
 
 def l2_stat(node: fx.Node) -> Optional[tuple[fx.Node, tuple[int, ...]]]:
@@ -132,10 +137,9 @@ def _grn_stat(norm: fx.Node) -> Optional[tuple[fx.Node, tuple[int, ...], fx.Node
 
 def add_l2(node: fx.Node, act: Optional[set], add_pattern, modules, data: Optional[set] = None) -> None:
     """Sites from a 2-norm: Global Response Normalization; ``x / max(||x||_2 [* d ** -0.5], eps)`` and
-    ``F.normalize`` as RMSNorm (up to a constant the gain absorbs) inside a module that is only a norm, or
-    elsewhere when a learned parameter rescales the result (a gain, or the temperature of cosine q/k
-    scores). An L2-normalised embedding with no learned scale (cosine similarity) is not a normalisation
-    layer."""
+    ``F.normalize`` as RMSNorm (up to a constant the gain absorbs) inside a module that is only a norm, as
+    L2Norm elsewhere (module docstring), where the form without eps needs a learned rescale (a gain, or the
+    temperature of cosine q/k scores) to be a site."""
     path = owner(node, modules)
     src, dims = l2_stat(node)
     if not is_act(src, act if data is None else data):
@@ -160,11 +164,21 @@ def add_l2(node: fx.Node, act: Optional[set], add_pattern, modules, data: Option
         if applied is None or op_name(applied) != by:
             return
         factors = {"l2_pre": chain.pre, "l2_post": chain.post}
-    if learned_rescale(applied, act) or (norm_like(modules.get(path))
-                                          and not _mixed_with_activation(applied, act, path, modules)):
-        rec = add_pattern(path, node, node, applied, src, dims, False, "mean_square", eps, how)
-        rec.hints["statistic"] = "l2_norm"
-        rec.hints.update(factors)
+    in_norm = norm_like(modules.get(path)) and not _mixed_with_activation(applied, act, path, modules)
+    if not in_norm and eps is None and not learned_rescale(applied, act):
+        return  # x / ||x|| with no eps and no learned scale: a bare cosine similarity
+    rec = add_pattern(path, node, node, applied, src, dims, False, "mean_square", eps, how,
+                      kind=None if in_norm and has_gain(modules.get(path)) else L2_KIND)
+    rec.hints["statistic"] = "l2_norm"
+    rec.hints.update(factors)
+    if op_name(node) == "normalize":
+        rec.site.op = "normalize"  # F.normalize as symbolic tracing records it (export decomposes it)
+
+
+def has_gain(mod: Any) -> bool:
+    """The norm module owns a parameter (its gain): only then is its L2 norm an RMSNorm, the gain absorbing
+    the factor sqrt(d) between ``||x||_2`` and the RMS; a parameterless ``F.normalize`` module is a unit vector."""
+    return mod is not None and any(True for _ in mod.parameters(recurse=False))
 
 
 def learned_rescale(normed: fx.Node, act: Optional[set]) -> bool:
