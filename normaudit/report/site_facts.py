@@ -282,7 +282,10 @@ class StreamFacts(_Model):
     ``unnormed_stream_end``: in the branch of a stack's last residual add whose stream reaches the output without
     a norm, the module it reaches (``output``: the model output), with ``stream_end_conv`` when that module is a
     convolution computing the output from the stream and ``stack_blocks`` the blocks of its stack;
-    ``inplace_alias``: the tensor it overwrites in place (``normaudit.facts.aliasing``)."""
+    ``inplace_alias``: the tensor it overwrites in place (``normaudit.facts.aliasing``); ``reapplied_of``: this is a
+    later call of a norm module already applied in the same block, in the same role, to an earlier point of the
+    stream (one module where the block needs two): the key of that earlier call in ``Block.norms``
+    (``normaudit.facts.placement.reuse``)."""
 
     branch_position: Optional[Literal["input", "output", "inner"]] = None
     skip_from_norm: bool = False
@@ -296,6 +299,7 @@ class StreamFacts(_Model):
     stream_end_conv: bool = False
     stack_blocks: Optional[int] = None
     inplace_alias: Optional[InplaceAlias] = None
+    reapplied_of: Optional[str] = None
 
 
 class BatchNormFacts(_Model):
