@@ -19,7 +19,8 @@ from pydantic import Field
 
 from normaudit.report.base import (_Model, AxisLabel, Category, Kind, ModelPlacement, Placement, ROOT_LABEL,
                                    SEVERITY_RANK, Severity, SourceLocation)
-from normaudit.report.model import Block, GroupNormProblem, ModelFacts, StreamEnd, UnusedNorm
+from normaudit.report.model import (Block, GroupNormProblem, ModelFacts, PartialCapture, StreamEnd, UncheckedCheck,
+                                    UnusedNorm)
 from normaudit.report.numerics import CauseKind, ModuleNumerics, NumericsReport, SiteNumerics, TensorStats
 from normaudit.report.site import Site
 from normaudit.report.site_facts import (AliasReader, BatchNormFacts, BatchProbe, ConfigEps, EpsFacts, Formula,
@@ -126,7 +127,7 @@ class Report(_Model):
 __all__ = ["AliasReader", "AxisLabel", "BatchNormFacts", "BatchProbe", "Block", "CaptureAttempt", "CaptureInfo",
            "CapturedPart", "Category", "CauseKind", "ConfigEps", "EpsFacts", "Finding", "Formula",
            "FreezeFacts", "GroupNormProblem", "GroupSplit", "InplaceAlias", "Kind", "LrnArgs", "ModelFacts",
-           "ModelPlacement", "ModuleNumerics", "NumericsReport", "Placement", "ROOT_LABEL", "Report",
+           "ModelPlacement", "ModuleNumerics", "NumericsReport", "PartialCapture", "Placement", "ROOT_LABEL", "Report",
            "SEVERITY_RANK", "Severity", "ShapeMismatch", "Site", "SiteNumerics", "SizeProbe",
            "SourceLocation", "StreamEnd", "StreamFacts", "Summary", "TargetInfo", "TensorStats",
-           "UnauditedModule", "UnusedNorm", "WeightStats"]
+           "UnauditedModule", "UncheckedCheck", "UnusedNorm", "WeightStats"]
