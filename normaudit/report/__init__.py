@@ -19,8 +19,8 @@ from pydantic import Field
 
 from normaudit.report.base import (_Model, AxisLabel, Category, Kind, ModelPlacement, Placement, ROOT_LABEL,
                                    SEVERITY_RANK, Severity, SourceLocation)
-from normaudit.report.model import (Block, GroupNormProblem, ModelFacts, PartialCapture, StreamEnd, UncheckedCheck,
-                                    UnusedNorm)
+from normaudit.report.model import (Block, GroupNormProblem, ModelFacts, PartialCapture, ResidualScale, StreamEnd,
+                                    UncheckedCheck, UnusedNorm)
 from normaudit.report.numerics import CauseKind, ModuleNumerics, NumericsReport, SiteNumerics, TensorStats
 from normaudit.report.site import Site
 from normaudit.report.site_facts import (AliasReader, BatchNormFacts, BatchProbe, ConfigEps, EpsFacts, Formula,
@@ -128,6 +128,6 @@ __all__ = ["AliasReader", "AxisLabel", "BatchNormFacts", "BatchProbe", "Block", 
            "CapturedPart", "Category", "CauseKind", "ConfigEps", "EpsFacts", "Finding", "Formula",
            "FreezeFacts", "GroupNormProblem", "GroupSplit", "InplaceAlias", "Kind", "LrnArgs", "ModelFacts",
            "ModelPlacement", "ModuleNumerics", "NumericsReport", "PartialCapture", "Placement", "ROOT_LABEL", "Report",
-           "SEVERITY_RANK", "Severity", "ShapeMismatch", "Site", "SiteNumerics", "SizeProbe",
+           "ResidualScale", "SEVERITY_RANK", "Severity", "ShapeMismatch", "Site", "SiteNumerics", "SizeProbe",
            "SourceLocation", "StreamEnd", "StreamFacts", "Summary", "TargetInfo", "TensorStats",
            "UnauditedModule", "UncheckedCheck", "UnusedNorm", "WeightStats"]

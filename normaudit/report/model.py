@@ -60,6 +60,14 @@ class StreamEnd(_Model):
     unused_norm: Optional[str] = None
 
 
+class ResidualScale(_Model):
+    """A constant a residual add multiplies one operand by (``normaudit.facts.placement.scaling``): ``operand``
+    ``branch`` (``x + value * f(x)``) or ``skip`` (``value * x + f(x)``, DeepNorm's)."""
+
+    operand: Literal["skip", "branch"]
+    value: float
+
+
 class UncheckedCheck(_Model):
     """A check an audit without a whole-model graph did not run (``normaudit.facts.coverage``): ``name`` in
     words, the ``rules`` it feeds and ``why`` it needs the whole graph."""
@@ -109,6 +117,8 @@ class ModelFacts(_Model):
     #: the causal attention op of the graph (a causal mask or ``is_causal``), found when a BatchNorm normalises
     #: over a sequence (``normaudit.facts.batchnorm``); None where none was looked for or found
     causal_attention: Optional[str] = None
+    #: the distinct constant scalings of the residual adds' operands (``normaudit.facts.placement.scaling``)
+    residual_scales: list[ResidualScale] = Field(default_factory=list)
     #: the checks that did not run because the whole model was not captured as one graph
     #: (``normaudit.facts.coverage``); None when it was
     partial_capture: Optional[PartialCapture] = None
