@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
-from normaudit.facts import (aliasing, axes, batchnorm, coverage, eps, formula, frozen, numerics, placement, sites,
-                             usage, weights)
+from normaudit.facts import (aliasing, axes, batchnorm, coverage, eps, formula, frozen, gain_use, numerics, placement,
+                             sites, usage, weights)
 from normaudit.facts.context import FactContext, Facts
 from normaudit.probes import batch as batch_probe
 from normaudit.probes import formula_confirm as formula_probe
@@ -58,6 +58,7 @@ PASSES: tuple[Pass, ...] = (
          ("site.formula", "site.kind")),
     Pass("formula-text", "graph", formula.run_text, ("graph", "records", "site.formula", "site.kind"),
          ("site.formula",)),
+    Pass("gain-use", "graph", gain_use.run, ("graph", "records", "site.formula", "site.kind"), ("site.unread_gain",)),
     Pass("batchnorm", "graph", batchnorm.run, ("graph", "records", "node_axes", "inputs"),
          ("site.channel_axes", "site.batchnorm", "model.causal_attention")),
     Pass("frozen", "graph", frozen.run, ("records", "probe_model"), ("site.freeze",)),

@@ -25,7 +25,7 @@ from normaudit.report.numerics import CauseKind, ModuleNumerics, NumericsReport,
 from normaudit.report.site import Site
 from normaudit.report.site_facts import (AliasReader, BatchNormFacts, BatchProbe, ConfigEps, EpsFacts, Formula,
                                          FreezeFacts, GroupSplit, InplaceAlias, LrnArgs, ShapeMismatch, SizeProbe,
-                                         StreamFacts, WeightStats)
+                                         StreamFacts, UnreadGain, WeightStats)
 
 
 class CaptureAttempt(_Model):
@@ -130,4 +130,4 @@ __all__ = ["AliasReader", "AxisLabel", "BatchNormFacts", "BatchProbe", "Block", 
            "ModelPlacement", "ModuleNumerics", "NumericsReport", "PartialCapture", "Placement", "ROOT_LABEL", "Report",
            "ResidualScale", "SEVERITY_RANK", "Severity", "ShapeMismatch", "Site", "SiteNumerics", "SizeProbe",
            "SourceLocation", "StreamEnd", "StreamFacts", "Summary", "TargetInfo", "TensorStats",
-           "UnauditedModule", "UncheckedCheck", "UnusedNorm", "WeightStats"]
+           "UnauditedModule", "UncheckedCheck", "UnreadGain", "UnusedNorm", "WeightStats"]

@@ -251,6 +251,15 @@ class AliasReader(_Model):
     source: Optional[SourceLocation] = None
 
 
+class UnreadGain(_Model):
+    """A gain the norm's module registers but its forward never reads (``normaudit.facts.gain_use``):
+    ``param`` its name in the module (``weight``), ``shape`` its shape; a checkpoint fills it and
+    ``load_state_dict`` reports nothing, yet the output is the normalised tensor alone."""
+
+    param: str
+    shape: list[int] = Field(default_factory=list)
+
+
 class InplaceAlias(_Model):
     """A norm that overwrites, in place, a tensor read elsewhere afterwards (``normaudit.facts.aliasing``):
     ``op`` the in-place op (``add_``, ``mul(out=)``), ``source`` its line, ``mutated`` the graph name of the
