@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
-from normaudit.facts import (aliasing, axes, batchnorm, coverage, eps, formula, frozen, gain_use, numerics, placement,
-                             sites, usage, weights)
+from normaudit.facts import (aliasing, axes, batchnorm, coverage, eps, eps_param, formula, frozen, gain_use, numerics,
+                             placement, sites, usage, weights)
 from normaudit.facts.context import FactContext, Facts
 from normaudit.probes import batch as batch_probe
 from normaudit.probes import formula_confirm as formula_probe
@@ -76,6 +76,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("stream-end", "whole_model", placement.run_stream_end,
          ("records", "site.stream", "model.blocks", "model.unused_norms"), ("model.stream_end",)),
     Pass("eps", "whole_model", eps.run, ("records", "config_sources", "site.formula"), ("site.eps_facts",)),
+    Pass("eps-parameter", "whole_model", eps_param.run, ("records", "site.eps_facts"), ("site.eps_facts",)),
     Pass("coverage", "whole_model", coverage.run, ("records", "site.placement"), ("model.partial_capture",)),
     Pass("numerics-probe", "whole_model", numerics_probe.run, ("records", "probe_model", "checkpoint"),
          ("site.numerics", "numerics")),

@@ -24,8 +24,8 @@ from normaudit.report.model import (Block, GroupNormProblem, ModelFacts, Partial
 from normaudit.report.numerics import CauseKind, ModuleNumerics, NumericsReport, SiteNumerics, TensorStats
 from normaudit.report.site import Site
 from normaudit.report.site_facts import (AliasReader, BatchNormFacts, BatchProbe, ConfigEps, EpsFacts, Formula,
-                                         FreezeFacts, GroupSplit, InplaceAlias, LrnArgs, ShapeMismatch, SizeProbe,
-                                         StreamFacts, UnreadGain, WeightStats)
+                                         FreezeFacts, GroupSplit, InplaceAlias, LrnArgs, ParamEps, ShapeMismatch,
+                                         SizeProbe, StreamFacts, UnreadGain, WeightStats)
 
 
 class CaptureAttempt(_Model):
@@ -125,9 +125,9 @@ class Report(_Model):
 
 
 __all__ = ["AliasReader", "AxisLabel", "BatchNormFacts", "BatchProbe", "Block", "CaptureAttempt", "CaptureInfo",
-           "CapturedPart", "Category", "CauseKind", "ConfigEps", "EpsFacts", "Finding", "Formula",
-           "FreezeFacts", "GroupNormProblem", "GroupSplit", "InplaceAlias", "Kind", "LrnArgs", "ModelFacts",
-           "ModelPlacement", "ModuleNumerics", "NumericsReport", "PartialCapture", "Placement", "ROOT_LABEL", "Report",
+           "CapturedPart", "Category", "CauseKind", "ConfigEps", "EpsFacts", "Finding", "Formula", "FreezeFacts",
+           "GroupNormProblem", "GroupSplit", "InplaceAlias", "Kind", "LrnArgs", "ModelFacts", "ModelPlacement",
+           "ModuleNumerics", "NumericsReport", "ParamEps", "PartialCapture", "Placement", "ROOT_LABEL", "Report",
            "ResidualScale", "SEVERITY_RANK", "Severity", "ShapeMismatch", "Site", "SiteNumerics", "SizeProbe",
-           "SourceLocation", "StreamEnd", "StreamFacts", "Summary", "TargetInfo", "TensorStats",
-           "UnauditedModule", "UncheckedCheck", "UnreadGain", "UnusedNorm", "WeightStats"]
+           "SourceLocation", "StreamEnd", "StreamFacts", "Summary", "TargetInfo", "TensorStats", "UnauditedModule",
+           "UncheckedCheck", "UnreadGain", "UnusedNorm", "WeightStats"]

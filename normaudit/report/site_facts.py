@@ -168,6 +168,19 @@ class ConfigEps(_Model):
     passed: bool = False
 
 
+class ParamEps(_Model):
+    """A norm built with a literal eps in an ``__init__`` whose eps parameter reaches the model's other norms
+    (``normaudit.facts.eps_param``): ``param`` that parameter of ``owner.__init__``, ``passed_to`` the modules
+    built with it, whose ``norms`` norms of this kind all use ``value``; ``literal`` the number written here."""
+
+    param: str
+    owner: str
+    passed_to: list[str] = Field(default_factory=list)
+    value: float
+    literal: float
+    norms: int = 0
+
+
 class EpsFacts(_Model):
     """The eps of one site, compared (``normaudit.facts.eps``).
 
@@ -202,6 +215,8 @@ class EpsFacts(_Model):
     #: the normalised tensor leaves the model as one of its outputs, through views and casts only (an
     #: L2-normalised embedding returned for retrieval)
     model_output: bool = False
+    #: built with a literal eps beside an eps parameter that reaches the other norms (``normaudit.facts.eps_param``)
+    param_eps: Optional[ParamEps] = None
 
 
 class GroupSplit(_Model):

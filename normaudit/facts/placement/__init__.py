@@ -27,7 +27,8 @@ Per-site facts in ``Site.stream`` (:class:`normaudit.report.StreamFacts`): ``bra
 ``stack_blocks`` and ``stream_end_conv`` (:mod:`.stream_end`); ``reapplied_of`` (:mod:`.reuse`).
 
 Modules: :mod:`.graph` (the graph index the pass reads), :mod:`.records` (its records),
-:mod:`.residual`, :mod:`.blocks`, :mod:`.scores`, :mod:`.roles`, :mod:`.reuse`, :mod:`.majority`, :mod:`.stream_end` (also
+:mod:`.residual`, :mod:`.blocks`, :mod:`.scores`, :mod:`.roles`, :mod:`.reuse`, :mod:`.majority`,
+:mod:`.stream_end` (also
 the model-level ``model.stream_end``), :mod:`.model`, :mod:`.analysis` (:func:`analyse`, the order of the
 steps), and :mod:`.carry` (the model-level facts carried to elided blocks under depth-independent capture).
 

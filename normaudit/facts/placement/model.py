@@ -5,7 +5,8 @@ norm reads (res-post-norm, Liu et al. 2022, arXiv 2111.09883, and ``x + BN(conv(
 post-activation ResNet, He et al. 2016); ``mixed`` for pre with post, or when blocks of one class disagree
 (:mod:`.majority`); ``none`` without residual adds; ``unknown``. Also ``parallel_residual``,
 ``has_final_norm`` (every stack's last residual add reaches a norm, and one of them is ``final``:
-:mod:`.stream_end`), ``num_residual_adds``, ``residual_scales`` (:mod:`.scaling`) and ``blocks``, each with its norms' roles (:mod:`.blocks`)."""
+:mod:`.stream_end`), ``num_residual_adds``, ``residual_scales`` (:mod:`.scaling`) and ``blocks``, each with its
+norms' roles (:mod:`.blocks`)."""
 from __future__ import annotations
 
 from collections import defaultdict

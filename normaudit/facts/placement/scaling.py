@@ -64,5 +64,6 @@ def residual_scales(g: StreamGraph, adds: list[ResidualAdd]) -> list[ResidualSca
             factor = scale_of(g, node)
             if factor is None:
                 continue
-            out.setdefault((operand, round(factor, 12)), ResidualScale(operand=operand, value=factor))  # type: ignore[arg-type]
+            key = (operand, round(factor, 12))
+            out.setdefault(key, ResidualScale(operand=operand, value=factor))  # type: ignore[arg-type]
     return list(out.values())
