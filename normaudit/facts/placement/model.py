@@ -34,7 +34,7 @@ def model_facts(g: StreamGraph, adds: list[ResidualAdd], residual: dict[fx.Node,
     model.parallel_residual = any(a.parallel for a in adds)
     model.residual_scales = residual_scales(g, adds)
     model.blocks = _blocks(g, adds, infos)
-    mark_mixed(model.blocks, infos, _add_sizes(adds))
+    mark_mixed(model.blocks, infos, _add_sizes(adds), {a.node: a.block for a in adds})
     roles = _block_roles(model.blocks, infos)
     if not adds:
         model.placement = "none"
