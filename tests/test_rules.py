@@ -95,3 +95,23 @@ def _env_without_checkout():
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     return env
+
+
+def test_for_each_gives_one_finding_per_element(tmp_path):
+    """A model-scope rule with ``for_each`` is evaluated once per element (``each``), each its own finding at
+    ``module_expr``; an empty list gives none; ``for_each`` on a site rule is refused when loaded."""
+    from normaudit.report import UnusedNorm
+
+    head = ("id: NK951\nname: each-unused\ncategory: capture\nseverity: info\n{scope}for_each: 'model.unused_norms'\n"
+            "when: 'each.kind == \"LayerNorm\"'\nmodule_expr: 'each.module'\nmessage: '{{each.module}} unused'\n"
+            "fix: f\ndoc: {{what: w, why: y, example: e, use_instead: u, references: [r]}}\n")
+    (tmp_path / "NK951-each-unused.yaml").write_text(head.format(scope="scope: model\n"))
+    rule = load_rules([tmp_path])["NK951"]
+    unused = [UnusedNorm(module=m, class_name=k, kind=k) for m, k in
+              (("a.ln", "LayerNorm"), ("b.rms", "RMSNorm"), ("c.ln", "LayerNorm"))]
+    found = evaluate([rule], [], ModelFacts(class_name="M", unused_norms=unused), {}, None, {})
+    assert [(f.module, f.message) for f in found] == [("a.ln", "a.ln unused"), ("c.ln", "c.ln unused")]
+    assert evaluate([rule], [], ModelFacts(class_name="M"), {}, None, {}) == []
+    (tmp_path / "NK951-each-unused.yaml").write_text(head.format(scope=""))
+    with pytest.raises(UsageError, match="for_each is for rules of scope model"):
+        load_rules([tmp_path])

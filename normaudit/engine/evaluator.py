@@ -9,6 +9,7 @@ Names a rule expression can read:
 - ``options``: the run (:class:`normaudit.engine.options.RuleOptions`: ``dtype``, ``batch_size`` the
   micro-batch, ``checkpoint``, ``library_model``, ``capture_method``, ``numerics``, ...);
 - ``params``: the rule's own ``params``; names defined in the rule's ``let`` (evaluated in order);
+- ``each``: for a model-scope rule with ``for_each``, the element of that list the rule is evaluated for;
 - functions: ``isclose``, ``first_key``, ``lookup``, ``join``, ``fp_rounds_to_zero``, ``finfo_eps``, ``any``, ``all``,
   ``len``, ``min``, ``max``, ``abs``, ``sorted``, ``set``, ``str``, ``float``, ``int``.
 
@@ -190,17 +191,20 @@ def compile_rule(rule: Rule, file: str = "") -> CompiledRule:
     exprs.update({f"severity_when.{k}": v for k, v in rule.severity_when.items()})
     if rule.module_expr:
         exprs["module_expr"] = rule.module_expr
+    if rule.for_each:
+        exprs["for_each"] = rule.for_each
     for key, expr in exprs.items():
         try:
             parsed[key] = ev.parse(expr)
         except SyntaxError as err:
             raise UsageError(f"rule {rule.id} field '{key}': invalid expression: {err.msg}", file=file or None) from err
     for key in ("message", "fix"):
-        refused = check_template(getattr(rule, key), (*TEMPLATE_NAMES, *rule.let))
+        names = (*TEMPLATE_NAMES, *rule.let, *(["each"] if rule.for_each else []))
+        refused = check_template(getattr(rule, key), names)
         if refused:
             raise UsageError(f"rule {rule.id} field '{key}': template refused: {refused}", file=file or None)
     compiled = CompiledRule(rule=rule, parsed=parsed, reads=site_reads(
-        v for k, v in parsed.items() if k != "module_expr"))  # module_expr is evaluated per site
+        v for k, v in parsed.items() if k not in ("module_expr", "for_each")))  # evaluated per site / per model
     _COMPILED[id(rule)] = compiled
     return compiled
 
@@ -381,12 +385,20 @@ def evaluate(rules: Iterable[Rule], sites: list[Site], model: ModelFacts, config
         compiled = _COMPILED.get(id(rule)) or compile_rule(rule)
         params = _ns(dict(rule.params))
         targets = [s for s in sites if not rule.applies_to or s.kind in rule.applies_to] if rule.scope == "site" else [None]
+        each: list = [None]
+        if rule.for_each:
+            try:
+                each = list(_evaluator(dict(base, params=params, site=None)).eval(
+                    rule.for_each, previously_parsed=compiled.parsed["for_each"]) or [])
+            except Exception as exc:  # noqa: BLE001 - surfaced as an internal error naming the rule
+                raise RuleError(f"rule {rule.id} failed on model: {type(exc).__name__}: {exc}") from exc
         outcomes: dict[tuple, Any] = {}
-        for site in targets:
+        for site, item in [(s, e) for s in targets for e in each]:
             key = _site_key(site, compiled.reads, memo) if site is not None else None
             try:
                 if key is None or key not in outcomes:
-                    hit = _run(compiled, dict(base, params=params, site=site))
+                    names = dict(base, params=params, site=site, **({"each": item} if rule.for_each else {}))
+                    hit = _run(compiled, names)
                     if key is not None:
                         outcomes[key] = hit
                 else:

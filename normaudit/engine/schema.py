@@ -32,7 +32,9 @@ class Rule(BaseModel):
     """A declarative rule.
 
     - ``scope``: ``site`` evaluates ``when`` once per site whose kind is in ``applies_to``;
-      ``model`` evaluates it once per model (findings then point at ``module_expr`` or the root).
+      ``model`` evaluates it once per model (findings then point at ``module_expr`` or the root), or, with
+      ``for_each`` (an expression giving a list), once per element of that list, bound to the name ``each``:
+      one finding per element (a model-level fact that lists several modules, each its own finding).
     - ``when``: a simpleeval expression over the names documented in ``normaudit.engine.evaluator``
       (``site``, ``model``, ``config``, ``options``, helper functions).
     - ``message``/``fix``: ``str.format`` templates over the same names.
@@ -52,6 +54,7 @@ class Rule(BaseModel):
     let: dict[str, str] = Field(default_factory=dict)
     severity_when: dict[Severity, str] = Field(default_factory=dict)
     module_expr: Optional[str] = None
+    for_each: Optional[str] = None
     message: str
     fix: str
     params: dict[str, object] = Field(default_factory=dict)
@@ -60,6 +63,13 @@ class Rule(BaseModel):
     #: the site's ``source`` where there is none, as for torch.nn modules)
     locate: Literal["site", "computation"] = "site"
     doc: RuleDoc
+
+    @field_validator("for_each")
+    @classmethod
+    def _check_for_each(cls, value: Optional[str], info) -> Optional[str]:
+        if value is not None and info.data.get("scope") != "model":
+            raise ValueError("for_each is for rules of scope model (a site rule runs per site already)")
+        return value
 
     @field_validator("id")
     @classmethod

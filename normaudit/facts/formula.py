@@ -55,6 +55,11 @@ FUSED_KINDS = ("LayerNorm", "RMSNorm", "BatchNorm", "GroupNorm", "InstanceNorm")
 # ops a parameter passes through on its way to the gain multiply (casts, views, broadcasting)
 _PARAM_PATH = NEUTRAL_OPS + ("view", "unsqueeze", "expand", "expand_as", "getitem", "reshape", "squeeze",
                              "flatten", "permute", "transpose")
+#: value-preserving reshapes between the normalised tensor and its gain multiply, followed forwards: a grouped
+#: view back to the features (``.view(N, C, H, W)``, ``.reshape``), ``.flatten(-2)`` of a gated group RMSNorm
+#: that normalises (B, L, G, C/G) and scales (B, L, C), ``.permute``/``.transpose`` back to the input's layout
+_RESHAPES = ("view", "type_as", "reshape", "_unsafe_view", "flatten", "unflatten", "permute", "transpose", "movedim",
+             "contiguous", "squeeze", "unsqueeze")
 #: steps back along :data:`_PARAM_PATH` to a gain's parameter (8 nodes looked at)
 _PARAM_STEPS = 7
 _CAST_DTYPES = {"float": torch.float32, "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16}
@@ -216,7 +221,7 @@ def _affine(g: _GainReader, rec: SiteRecord, applied: fx.Node, owner_nodes: Opti
                 else:
                     bias = True
                 frontier.append(u)
-            elif name in NEUTRAL_OPS or name in ("view", "type_as", "reshape", "_unsafe_view"):
+            elif name in NEUTRAL_OPS or name in _RESHAPES:
                 frontier.append(u)  # reshape: a group norm's (N, G, -1) back to (N, C, H, W) before its affine
     return gain, bias
 

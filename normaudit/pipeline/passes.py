@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
-from normaudit.facts import aliasing, axes, batchnorm, eps, formula, frozen, numerics, placement, sites, usage, weights
+from normaudit.facts import (aliasing, axes, batchnorm, coverage, eps, eps_param, formula, frozen, gain_use, numerics,
+                             placement, sites, usage, weights)
 from normaudit.facts.context import FactContext, Facts
 from normaudit.probes import batch as batch_probe
 from normaudit.probes import formula_confirm as formula_probe
@@ -48,7 +49,8 @@ PASSES: tuple[Pass, ...] = (
          ("node_axes", "site.input_axes", "site.normalized_axes")),
     Pass("placement", "graph", placement.run, ("graph", "records"),
          ("site.placement", "site.block", "site.stream", "model.placement", "model.parallel_residual",
-          "model.has_final_norm", "model.num_residual_adds", "model.blocks"), carry=placement.carry,
+          "model.has_final_norm", "model.num_residual_adds", "model.blocks", "model.residual_scales"),
+         carry=placement.carry,
          recomputed=("stream.majority_placement", "stream.majority_blocks")),
     Pass("aliasing", "graph", aliasing.run, ("graph", "records"), ("site.stream.inplace_alias",)),
     Pass("formula", "graph", formula.run, ("graph", "records", "site.normalized_axes"), ("site.formula",)),
@@ -56,6 +58,7 @@ PASSES: tuple[Pass, ...] = (
          ("site.formula", "site.kind")),
     Pass("formula-text", "graph", formula.run_text, ("graph", "records", "site.formula", "site.kind"),
          ("site.formula",)),
+    Pass("gain-use", "graph", gain_use.run, ("graph", "records", "site.formula", "site.kind"), ("site.unread_gain",)),
     Pass("batchnorm", "graph", batchnorm.run, ("graph", "records", "node_axes", "inputs"),
          ("site.channel_axes", "site.batchnorm", "model.causal_attention")),
     Pass("frozen", "graph", frozen.run, ("records", "probe_model"), ("site.freeze",)),
@@ -73,6 +76,8 @@ PASSES: tuple[Pass, ...] = (
     Pass("stream-end", "whole_model", placement.run_stream_end,
          ("records", "site.stream", "model.blocks", "model.unused_norms"), ("model.stream_end",)),
     Pass("eps", "whole_model", eps.run, ("records", "config_sources", "site.formula"), ("site.eps_facts",)),
+    Pass("eps-parameter", "whole_model", eps_param.run, ("records", "site.eps_facts"), ("site.eps_facts",)),
+    Pass("coverage", "whole_model", coverage.run, ("records", "site.placement"), ("model.partial_capture",)),
     Pass("numerics-probe", "whole_model", numerics_probe.run, ("records", "probe_model", "checkpoint"),
          ("site.numerics", "numerics")),
 )

@@ -19,12 +19,13 @@ from pydantic import Field
 
 from normaudit.report.base import (_Model, AxisLabel, Category, Kind, ModelPlacement, Placement, ROOT_LABEL,
                                    SEVERITY_RANK, Severity, SourceLocation)
-from normaudit.report.model import Block, GroupNormProblem, ModelFacts, StreamEnd, UnusedNorm
+from normaudit.report.model import (Block, GroupNormProblem, ModelFacts, PartialCapture, ResidualScale, StreamEnd,
+                                    UncheckedCheck, UnusedNorm)
 from normaudit.report.numerics import CauseKind, ModuleNumerics, NumericsReport, SiteNumerics, TensorStats
 from normaudit.report.site import Site
 from normaudit.report.site_facts import (AliasReader, BatchNormFacts, BatchProbe, ConfigEps, EpsFacts, Formula,
-                                         FreezeFacts, GroupSplit, InplaceAlias, LrnArgs, ShapeMismatch, SizeProbe,
-                                         StreamFacts, WeightStats)
+                                         FreezeFacts, GroupSplit, InplaceAlias, LrnArgs, ParamEps, ShapeMismatch,
+                                         SizeProbe, StreamFacts, UnreadGain, WeightStats)
 
 
 class CaptureAttempt(_Model):
@@ -124,9 +125,9 @@ class Report(_Model):
 
 
 __all__ = ["AliasReader", "AxisLabel", "BatchNormFacts", "BatchProbe", "Block", "CaptureAttempt", "CaptureInfo",
-           "CapturedPart", "Category", "CauseKind", "ConfigEps", "EpsFacts", "Finding", "Formula",
-           "FreezeFacts", "GroupNormProblem", "GroupSplit", "InplaceAlias", "Kind", "LrnArgs", "ModelFacts",
-           "ModelPlacement", "ModuleNumerics", "NumericsReport", "Placement", "ROOT_LABEL", "Report",
-           "SEVERITY_RANK", "Severity", "ShapeMismatch", "Site", "SiteNumerics", "SizeProbe",
-           "SourceLocation", "StreamEnd", "StreamFacts", "Summary", "TargetInfo", "TensorStats",
-           "UnauditedModule", "UnusedNorm", "WeightStats"]
+           "CapturedPart", "Category", "CauseKind", "ConfigEps", "EpsFacts", "Finding", "Formula", "FreezeFacts",
+           "GroupNormProblem", "GroupSplit", "InplaceAlias", "Kind", "LrnArgs", "ModelFacts", "ModelPlacement",
+           "ModuleNumerics", "NumericsReport", "ParamEps", "PartialCapture", "Placement", "ROOT_LABEL", "Report",
+           "ResidualScale", "SEVERITY_RANK", "Severity", "ShapeMismatch", "Site", "SiteNumerics", "SizeProbe",
+           "SourceLocation", "StreamEnd", "StreamFacts", "Summary", "TargetInfo", "TensorStats", "UnauditedModule",
+           "UncheckedCheck", "UnreadGain", "UnusedNorm", "WeightStats"]

@@ -2,7 +2,7 @@
 stream, GroupNorm groups against the configuration."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import Field
 
@@ -60,6 +60,39 @@ class StreamEnd(_Model):
     unused_norm: Optional[str] = None
 
 
+class ResidualScale(_Model):
+    """A constant a residual add multiplies one operand by (``normaudit.facts.placement.scaling``): ``operand``
+    ``branch`` (``x + value * f(x)``) or ``skip`` (``value * x + f(x)``, DeepNorm's)."""
+
+    operand: Literal["skip", "branch"]
+    value: float
+
+
+class UncheckedCheck(_Model):
+    """A check an audit without a whole-model graph did not run (``normaudit.facts.coverage``): ``name`` in
+    words, the ``rules`` it feeds and ``why`` it needs the whole graph."""
+
+    name: str
+    rules: list[str] = Field(default_factory=list)
+    why: str
+
+
+class PartialCapture(_Model):
+    """What the audit could not check because the whole model was not captured as one graph
+    (``normaudit.facts.coverage``): its norms come from submodules captured alone (``method`` ``parts``) or from
+    walking ``named_modules()`` (``module_walk``); ``reason`` the error of the first failed capture attempt
+    (its first line, shortened), ``parts`` how many parts were captured, ``checks`` the checks that did not
+    run, ``unplaced`` the sites whose residual stream no capture held (walked, or in a part without a residual
+    add), whose ``placement`` therefore says nothing, and ``sites`` how many sites there are."""
+
+    method: Literal["parts", "module_walk"]
+    reason: Optional[str] = None
+    parts: int = 0
+    checks: list[UncheckedCheck] = Field(default_factory=list)
+    unplaced: list[str] = Field(default_factory=list)
+    sites: int = 0
+
+
 class ModelFacts(_Model):
     """Model-level facts."""
 
@@ -84,5 +117,10 @@ class ModelFacts(_Model):
     #: the causal attention op of the graph (a causal mask or ``is_causal``), found when a BatchNorm normalises
     #: over a sequence (``normaudit.facts.batchnorm``); None where none was looked for or found
     causal_attention: Optional[str] = None
+    #: the distinct constant scalings of the residual adds' operands (``normaudit.facts.placement.scaling``)
+    residual_scales: list[ResidualScale] = Field(default_factory=list)
+    #: the checks that did not run because the whole model was not captured as one graph
+    #: (``normaudit.facts.coverage``); None when it was
+    partial_capture: Optional[PartialCapture] = None
     #: free-form model-level facts of passes outside normaudit; normaudit's own facts are typed fields
     extra: dict[str, Any] = Field(default_factory=dict)

@@ -9,7 +9,7 @@ from pydantic import Field
 from normaudit.report.base import AxisLabel, Kind, Placement, SourceLocation, _Model
 from normaudit.report.numerics import SiteNumerics
 from normaudit.report.site_facts import (BatchNormFacts, BatchProbe, EpsFacts, Formula, FreezeFacts, GroupSplit,
-                                         LrnArgs, SizeProbe, StreamFacts, WeightStats)
+                                         LrnArgs, SizeProbe, StreamFacts, UnreadGain, WeightStats)
 
 
 class Site(_Model):
@@ -85,6 +85,9 @@ class Site(_Model):
     #: the gain form the site applies (``normaudit.facts.weights``): the formula's gain where the formula pass
     #: knows it, else read from how the graph uses the site's parameters; ``unknown`` for a checkpoint alone
     gain_form: Optional[Literal["weight", "one_plus_weight", "none", "unknown"]] = None
+    #: a hand-written norm's 1-D gain parameter that no graph node reads (``normaudit.facts.gain_use``); None
+    #: where every gain it registers is read, or it registers none
+    unread_gain: Optional[UnreadGain] = None
     #: a checkpoint alone: the kind is a guess from the keys (``kind_basis`` says which keys)
     kind_guessed: bool = False
     kind_basis: Optional[str] = None

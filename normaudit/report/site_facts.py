@@ -168,6 +168,19 @@ class ConfigEps(_Model):
     passed: bool = False
 
 
+class ParamEps(_Model):
+    """A norm built with a literal eps in an ``__init__`` whose eps parameter reaches the model's other norms
+    (``normaudit.facts.eps_param``): ``param`` that parameter of ``owner.__init__``, ``passed_to`` the modules
+    built with it, whose ``norms`` norms of this kind all use ``value``; ``literal`` the number written here."""
+
+    param: str
+    owner: str
+    passed_to: list[str] = Field(default_factory=list)
+    value: float
+    literal: float
+    norms: int = 0
+
+
 class EpsFacts(_Model):
     """The eps of one site, compared (``normaudit.facts.eps``).
 
@@ -202,6 +215,8 @@ class EpsFacts(_Model):
     #: the normalised tensor leaves the model as one of its outputs, through views and casts only (an
     #: L2-normalised embedding returned for retrieval)
     model_output: bool = False
+    #: built with a literal eps beside an eps parameter that reaches the other norms (``normaudit.facts.eps_param``)
+    param_eps: Optional[ParamEps] = None
 
 
 class GroupSplit(_Model):
@@ -251,6 +266,15 @@ class AliasReader(_Model):
     source: Optional[SourceLocation] = None
 
 
+class UnreadGain(_Model):
+    """A gain the norm's module registers but its forward never reads (``normaudit.facts.gain_use``):
+    ``param`` its name in the module (``weight``), ``shape`` its shape; a checkpoint fills it and
+    ``load_state_dict`` reports nothing, yet the output is the normalised tensor alone."""
+
+    param: str
+    shape: list[int] = Field(default_factory=list)
+
+
 class InplaceAlias(_Model):
     """A norm that overwrites, in place, a tensor read elsewhere afterwards (``normaudit.facts.aliasing``):
     ``op`` the in-place op (``add_``, ``mul(out=)``), ``source`` its line, ``mutated`` the graph name of the
@@ -282,7 +306,10 @@ class StreamFacts(_Model):
     ``unnormed_stream_end``: in the branch of a stack's last residual add whose stream reaches the output without
     a norm, the module it reaches (``output``: the model output), with ``stream_end_conv`` when that module is a
     convolution computing the output from the stream and ``stack_blocks`` the blocks of its stack;
-    ``inplace_alias``: the tensor it overwrites in place (``normaudit.facts.aliasing``)."""
+    ``inplace_alias``: the tensor it overwrites in place (``normaudit.facts.aliasing``); ``reapplied_of``: this is a
+    later call of a norm module already applied in the same block, in the same role, to an earlier point of the
+    stream (one module where the block needs two): the key of that earlier call in ``Block.norms``
+    (``normaudit.facts.placement.reuse``)."""
 
     branch_position: Optional[Literal["input", "output", "inner"]] = None
     skip_from_norm: bool = False
@@ -296,6 +323,7 @@ class StreamFacts(_Model):
     stream_end_conv: bool = False
     stack_blocks: Optional[int] = None
     inplace_alias: Optional[InplaceAlias] = None
+    reapplied_of: Optional[str] = None
 
 
 class BatchNormFacts(_Model):

@@ -24,10 +24,11 @@ placeholders, ``nn_module_stack`` on every node) give the same answer. :func:`an
 Per-site facts in ``Site.stream`` (:class:`normaudit.report.StreamFacts`): ``branch_position``, ``skip_from_norm``,
 ``no_identity_lost``, ``feeds_norm`` / ``reads_norm`` (:mod:`.roles`); ``contracted_by_scores``
 (:mod:`.scores`); ``majority_placement`` and ``majority_blocks`` (:mod:`.majority`); ``unnormed_stream_end``,
-``stack_blocks`` and ``stream_end_conv`` (:mod:`.stream_end`).
+``stack_blocks`` and ``stream_end_conv`` (:mod:`.stream_end`); ``reapplied_of`` (:mod:`.reuse`).
 
 Modules: :mod:`.graph` (the graph index the pass reads), :mod:`.records` (its records),
-:mod:`.residual`, :mod:`.blocks`, :mod:`.scores`, :mod:`.roles`, :mod:`.majority`, :mod:`.stream_end` (also
+:mod:`.residual`, :mod:`.blocks`, :mod:`.scores`, :mod:`.roles`, :mod:`.reuse`, :mod:`.majority`,
+:mod:`.stream_end` (also
 the model-level ``model.stream_end``), :mod:`.model`, :mod:`.analysis` (:func:`analyse`, the order of the
 steps), and :mod:`.carry` (the model-level facts carried to elided blocks under depth-independent capture).
 

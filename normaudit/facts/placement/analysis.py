@@ -14,6 +14,7 @@ from normaudit.facts.placement.graph import StreamGraph
 from normaudit.facts.placement.model import model_facts
 from normaudit.facts.placement.records import ResidualAdd, SiteInfo, norms_by_branch
 from normaudit.facts.placement.residual import find_residual_adds
+from normaudit.facts.placement.reuse import mark_reapplied
 from normaudit.facts.placement.roles import branch_placement, cuts_identity, double_norms, stream_placement
 from normaudit.facts.placement.scores import contracted_by_scores, reaches_scores
 from normaudit.facts.sites import SiteRecord
@@ -51,6 +52,7 @@ def analyse(cap: Capture, records: list[SiteRecord], model: ModelFacts) -> None:
     for info in infos:
         info.rec.site.placement = info.placement  # type: ignore[assignment]
     double_norms(g, placed)
+    mark_reapplied(g, placed)
     model_facts(g, adds, residual, placed, model)
 
 

@@ -3,7 +3,10 @@ norm whose role differs from the same norm's in a strict majority of the blocks 
 ``post``, ``final`` and ``embedding`` are one role, the stream norm, which the first and last blocks of a
 stack see differently. A norm whose role says nothing about its block's scheme is left out: one feeding a
 projection shortcut and the branch, one reading a tensor of parameters only, one reading another size than
-its block's residual adds."""
+its block's residual adds, and one with no residual around it (a block built with a flag that drops the
+residual of its first sublayer by design, ``downsample=True`` in a transformer stage that changes width there:
+its norm reads the stream and its output never returns to it, where its peers' norms open a residual
+branch)."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
@@ -20,7 +23,8 @@ from normaudit.report import Block
 STREAM_ROLES = {"final": "post", "embedding": "post"}
 
 
-def mark_mixed(blocks: list[Block], infos: list[Any], add_sizes: Optional[dict[str, set[int]]] = None) -> None:
+def mark_mixed(blocks: list[Block], infos: list[Any], add_sizes: Optional[dict[str, set[int]]] = None,
+               add_nodes: Optional[dict] = None) -> None:
     """Flag norms whose role differs from the same norm in most blocks of the same class in the same stack
     (``stack_pattern``: an audio encoder's layers and a projector's layers of one class are two stacks).
     A norm feeding a projection shortcut and the branch (``SiteInfo.feeds_shortcut``) is no evidence
@@ -30,7 +34,8 @@ def mark_mixed(blocks: list[Block], infos: list[Any], add_sizes: Optional[dict[s
     encoder normalises 560-wide stacked features and, its width changing, has no residual around it).
     ``add_sizes`` (block path -> element counts of its residual adds) None: sizes unknown, no norm is left out
     for its size (capture/repeats.py re-marks carried blocks without graph nodes, and falls back to the full
-    capture when the model's mixed flags would change)."""
+    capture when the model's mixed flags would change). ``add_nodes``: the residual adds' nodes and their blocks, to
+    leave out a norm with no residual around it (:func:`_no_residual`); None: none is left out for it."""
     add_sizes = add_sizes or {}
     by_key = {(site_key(i)): i for i in infos}
     groups: dict[tuple, list[Block]] = defaultdict(list)
@@ -40,7 +45,7 @@ def mark_mixed(blocks: list[Block], infos: list[Any], add_sizes: Optional[dict[s
     for (_, _, rel), all_members in groups.items():
         for pos, name in enumerate(rel):
             members = [b for b in all_members if not _no_evidence(by_key.get(list(b.norms)[pos]),
-                                                                   add_sizes.get(b.path, set()))]
+                                                                   add_sizes.get(b.path, set()), add_nodes)]
             if len(members) < 2:
                 continue
             roles = [list(b.norms.values())[pos] for b in members]
@@ -61,12 +66,25 @@ def mark_mixed(blocks: list[Block], infos: list[Any], add_sizes: Optional[dict[s
                             if STREAM_ROLES.get(r, r) == STREAM_ROLES.get(majority, majority)]
 
 
-def _no_evidence(info: Optional[SiteInfo], sizes: set[int]) -> bool:
+def _no_evidence(info: Optional[SiteInfo], sizes: set[int], add_nodes: Optional[dict] = None) -> bool:
     """Whether a norm's role says nothing about its block's residual-norm scheme (:func:`mark_mixed`): it
     feeds a projection shortcut and the branch, reads a tensor that depends on no model input (the learned
-    latents of a resampler's first layer), or reads another size than its block's residual adds."""
+    latents of a resampler's first layer), reads another size than its block's residual adds, or has no
+    residual around it (:func:`_no_residual`)."""
     return (getattr(info, "feeds_shortcut", False) or getattr(info, "reads_constant", False)
-            or _off_stream(info, sizes))
+            or _off_stream(info, sizes) or _no_residual(info, add_nodes))
+
+
+def _no_residual(info: Optional[SiteInfo], add_nodes: Optional[dict]) -> bool:
+    """The norm sits on the stream (``embedding`` or ``none``) with no residual add of its block around it: it
+    lies in no residual branch and does not read a residual add of its own block (the previous block's output
+    is the stream it starts from), so the sublayer it feeds has no residual (the block dropped it on purpose,
+    as a downsampling stage does where the width changes); whether its peers' norms are pre-LN or post-LN
+    says nothing about it. False without ``add_nodes`` (residual add node -> its block) or a known input."""
+    if add_nodes is None or info is None or getattr(info, "inp", None) is None:
+        return False
+    own = info.inp in add_nodes and add_nodes[info.inp] == info.block
+    return info.placement in ("embedding", "none") and not info.adds and not own
 
 
 def _off_stream(info: Optional[SiteInfo], sizes: set[int]) -> bool:

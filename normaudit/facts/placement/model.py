@@ -5,7 +5,8 @@ norm reads (res-post-norm, Liu et al. 2022, arXiv 2111.09883, and ``x + BN(conv(
 post-activation ResNet, He et al. 2016); ``mixed`` for pre with post, or when blocks of one class disagree
 (:mod:`.majority`); ``none`` without residual adds; ``unknown``. Also ``parallel_residual``,
 ``has_final_norm`` (every stack's last residual add reaches a norm, and one of them is ``final``:
-:mod:`.stream_end`), ``num_residual_adds`` and ``blocks``, each with its norms' roles (:mod:`.blocks`)."""
+:mod:`.stream_end`), ``num_residual_adds``, ``residual_scales`` (:mod:`.scaling`) and ``blocks``, each with its
+norms' roles (:mod:`.blocks`)."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -16,6 +17,7 @@ from normaudit.facts.placement.blocks import numel
 from normaudit.facts.placement.graph import StreamGraph
 from normaudit.facts.placement.majority import mark_mixed
 from normaudit.facts.placement.records import ResidualAdd, SiteInfo, site_key
+from normaudit.facts.placement.scaling import residual_scales
 from normaudit.facts.placement.stream_end import stream_ends_normed
 from normaudit.report import Block, ModelFacts
 
@@ -30,8 +32,9 @@ def model_facts(g: StreamGraph, adds: list[ResidualAdd], residual: dict[fx.Node,
     (:func:`stream_ends_normed`) of the norms."""
     model.num_residual_adds = len(adds)
     model.parallel_residual = any(a.parallel for a in adds)
+    model.residual_scales = residual_scales(g, adds)
     model.blocks = _blocks(g, adds, infos)
-    mark_mixed(model.blocks, infos, _add_sizes(adds))
+    mark_mixed(model.blocks, infos, _add_sizes(adds), {a.node: a.block for a in adds})
     roles = _block_roles(model.blocks, infos)
     if not adds:
         model.placement = "none"
