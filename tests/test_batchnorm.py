@@ -234,3 +234,23 @@ def test_groupnorm_config_finding_message(my_rules):
     assert (f.module, f.severity) == ("", "error")
     assert f.message == ("NB106_1.json sets norm_num_groups=32 but block_out_channels=[16, 32, 48]: [16, 48] not "
                          "divisible by 32, and nn.GroupNorm(32, C) raises at construction for those channel counts")
+
+
+def test_eval_statistics_follow_the_running_buffers(my_rules):
+    """``site.batchnorm.eval_statistics``: ``batch`` exactly where eval mode can only use the batch's statistics
+    (no running buffers: built with track_running_stats=False, or a functional batch_norm given none), with the
+    values per channel at batch size 1; the flag switched off after construction keeps the buffers eval uses."""
+    from test_axes import load_fixture
+
+    spec = load_fixture(FIXTURES / "batchnorm" / "NB111_1.py")
+    r = audit_model(spec.build_model(), spec.example_inputs(), rules=my_rules)
+    got = {m: (site(r, m).batchnorm.eval_statistics, site(r, m).batchnorm.eval_values_at_batch_one)
+           for m in ("bn_img", "bn_tracked", "fnorm", "bn_switched", "bn_flat")}
+    assert got == {"bn_img": ("batch", 256), "bn_tracked": ("running", None), "fnorm": ("batch", 256),
+                   "bn_switched": ("running", None), "bn_flat": ("batch", 1)}
+    # what PyTorch does in eval: bn_switched uses its (initial) buffers, bn_flat raises at batch 1
+    model = spec.build_model().eval()
+    x = torch.randn(3, 8, 4, 4)
+    assert torch.allclose(model.bn_switched(x), x / (1 + 1e-5) ** 0.5)
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+        model.bn_flat(torch.randn(1, 16))
