@@ -216,6 +216,12 @@ class GroupSplit(_Model):
     spans: list[int] = Field(default_factory=list)
     #: the input dim its per-channel affine scales (the channels; None without a gain multiply)
     channel_dim: Optional[int] = None
+    #: ``group``: its gain scales the grouped view with one value per group (a (1, G, 1) weight on
+    #: ``x.view(N, G, -1)``, or F.instance_norm's (G,) weight there) instead of one per channel; ``channel``: one
+    #: per channel; None without a gain -- ``normaudit.facts.sites.group_norm``
+    affine: Optional[Literal["channel", "group"]] = None
+    #: with ``affine == "group"``: the shape of that gain parameter as the module holds it
+    affine_shape: Optional[list[int]] = None
 
 
 class FreezeFacts(_Model):
