@@ -254,3 +254,18 @@ def test_eval_statistics_follow_the_running_buffers(my_rules):
     assert torch.allclose(model.bn_switched(x), x / (1 + 1e-5) ** 0.5)
     with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
         model.bn_flat(torch.randn(1, 16))
+
+
+def test_padding_input_is_found_whether_lengths_are_passed_by_keyword_or_position(my_rules):
+    """NB104's ``padding_input``: the same for positional and keyword inputs, also where export bakes the
+    lengths into the graph as a constant (a data-dependent trim leaves no placeholder for them)."""
+    from test_axes import load_fixture
+
+    spec = load_fixture(FIXTURES / "batchnorm" / "NB104_2.py")
+    got = []
+    for inputs in (spec.example_inputs(), spec.keyword_inputs()):
+        r = audit_model(spec.build_model(), inputs, rules=my_rules)
+        # baked in: the graph alone does not name it
+        assert r.capture.attempts[-1].method == "export (integer inputs as constants)"
+        got.append((site(r, "conv_module.bn").batchnorm.padding_input, flagged(r, "NB104")))
+    assert got == [("lengths", ["conv_module.bn"])] * 2

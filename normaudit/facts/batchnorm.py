@@ -161,18 +161,38 @@ def groupnorm_config_facts(config: Any, sites: Iterable[Any]) -> list[dict[str, 
 
 
 def _mask_input(ctx: Any) -> Optional[str]:
-    """The name of a model input that looks like a padding mask or lengths, else None."""
+    """The name of a model input that looks like a padding mask or lengths, else None.
+
+    Keyword inputs are named by their keys; positional ones by the forward's parameters they bind to
+    (:func:`_positional_names`), then the graph's placeholders: a capture that baked an input into the graph
+    as a constant (export retried with constants after a data-dependent size, ``x[:, :lengths.max()]``) has no
+    placeholder for it, yet the model still takes it."""
     names: list[str] = []
     inputs = ctx.inputs
     if isinstance(inputs, dict):
         names = list(inputs)
-    elif ctx.cap is not None and ctx.cap.gm is not None:
-        names = list(ctx.cap.user_inputs)
+    else:
+        names = _positional_names(getattr(ctx.cap, "root", None), inputs)
+        if ctx.cap is not None and ctx.cap.gm is not None:
+            names += [n for n in ctx.cap.user_inputs if n not in names]
     for n in names:
         low = n.lower()
         if "mask" in low or "length" in low or low.endswith("lens"):
             return n
     return None
+
+
+def _positional_names(model: Any, inputs: Any) -> list[str]:
+    """The names of the forward parameters that positional ``inputs`` (a tuple) bind to, in order; [] when the
+    signature cannot be read or does not bind them."""
+    import inspect
+
+    if model is None or not isinstance(inputs, (tuple, list)):
+        return []
+    try:
+        return list(inspect.signature(model.forward).bind_partial(*inputs).arguments)
+    except (TypeError, ValueError):
+        return []
 
 
 def analyse(ctx: Any, records: list, model: ModelFacts, env: dict[fx.Node, Any]) -> None:
