@@ -128,6 +128,8 @@ def input_labels(node: fx.Node, cap: Capture, declared: Optional[list[Label]] = 
         layout = _conv_reading(node, cap) if first is None else None
         if layout is not None:
             return _read_by_conv_labels(layout, shp, name, cap)
+        if first is None and _patches_last_axis(node, shp):
+            return [("batch",), ("channel",), ("sequence",)]
         if first is None and any(k in name for k in ("feature", "mel", "spectrogram")):
             return [("batch",), ("channel",), ("sequence",)]
         return [("batch",), ("sequence",), ("feature",)]
@@ -217,6 +219,39 @@ def _read_by_conv3d(node: fx.Node, cap: Capture) -> bool:
                 name = op_name(user)
                 if (name in _CONV_PATH_OPS or raw_name(user) in _CONV_PATH_OPS) and user.args and user.args[0] is n:
                     nxt.append(user)
+        frontier = nxt
+    return False
+
+
+_LAYOUT_OPS = ("view", "reshape", "_unsafe_view", "permute", "transpose", "contiguous", "flatten", "clone")
+
+
+def _patches_last_axis(node: fx.Node, shp: Any) -> bool:
+    """True when a rank-3 input ``(B, X, L)`` is cut into patches along its last axis by layout ops alone,
+    the 1-D patch embedding ``Rearrange('b c (n p) -> b n (p c)')`` written as ``view(B, X, n, p)``,
+    ``permute(0, 2, 3, 1)`` and ``reshape(B, n, p * X)`` (or ``transpose(1, 2).reshape(B, n, p * X)``): a
+    tensor of shape ``(B, L / p, p * X)`` for some patch size ``1 < p < L`` is reached through a permute or
+    transpose. The input is then a signal ``(batch, channel, length)`` and each token a patch of its
+    samples and channels, as a 2-D ViT's patches are of pixels."""
+    dims = [int(d) if isinstance(d, int) else None for d in shp]
+    if None in dims:
+        return False
+    b, x, length = dims
+    frontier, moved = [(node, False)], False
+    for _ in range(5):
+        nxt = []
+        for n, moved in frontier:
+            for user in n.users:
+                name = op_name(user)
+                if not (name in _LAYOUT_OPS or raw_name(user) in _LAYOUT_OPS) or not user.args or user.args[0] is not n:
+                    continue
+                now = moved or name in ("permute", "transpose") or raw_name(user) in ("permute", "transpose")
+                us = shape(user)
+                if now and us is not None and len(us) == 3 and us[0] == b and us[1] * us[2] == x * length:
+                    p = us[2] // x if us[2] % x == 0 else 0
+                    if 1 < p < length and length % p == 0 and us[1] == length // p:
+                        return True
+                nxt.append((user, now))
         frontier = nxt
     return False
 
