@@ -70,7 +70,7 @@ PASSES: tuple[Pass, ...] = (
     Pass("identity-norms", "whole_model", usage.run_identity, ("graph", "records", "model.unused_norms"),
          ("model.identity_norms", "model.unused_norms", "notes")),
     Pass("causal-time", "whole_model", causal.run, ("graph", "records", "site.normalized_axes", "config"),
-         ("model.causal_time",)),
+         ("site.batchnorm.causal_conv", "model.causal_time")),
     Pass("groupnorm-config", "whole_model", batchnorm.run_groupnorm_config, ("records", "config"),
          ("model.groupnorm_config",)),
     Pass("stream-end", "whole_model", placement.run_stream_end,

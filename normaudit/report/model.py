@@ -84,9 +84,9 @@ class ModelFacts(_Model):
     #: the causal attention op of the graph (a causal mask or ``is_causal``), found when a BatchNorm normalises
     #: over a sequence (``normaudit.facts.batchnorm``); None where none was looked for or found
     causal_attention: Optional[str] = None
-    #: what says the model is causal along its time axis (a config flag, a causal convolution module, causal
-    #: padding before a convolution), found when a GroupNorm/InstanceNorm's statistics span a sequence or depth
-    #: axis (``normaudit.facts.causal``); None where none was looked for or found
+    #: the configuration's declaration of causal convolutions (``use_causal_conv=True``), looked for when a
+    #: GroupNorm/InstanceNorm's statistics span a sequence or depth axis (``normaudit.facts.causal``); None
+    #: where none was looked for or found
     causal_time: Optional[str] = None
     #: free-form model-level facts of passes outside normaudit; normaudit's own facts are typed fields
     extra: dict[str, Any] = Field(default_factory=dict)

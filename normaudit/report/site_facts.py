@@ -333,3 +333,6 @@ class BatchNormFacts(_Model):
     #: with batch statistics in eval: the values per channel at batch size 1 (the product of the non-batch
     #: reduced dims); 1 means eval at batch 1 raises "Expected more than 1 value per channel when training"
     eval_values_at_batch_one: Optional[int] = None
+    #: GroupNorm/InstanceNorm whose statistics span time: the causal convolution next to it (causal padding
+    #: before it, or a Causal/causal=True module) -- ``normaudit.facts.causal``
+    causal_conv: Optional[str] = None
