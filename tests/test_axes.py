@@ -573,3 +573,15 @@ def test_waveform_cut_into_frames_read_by_a_linear_is_tokens_of_features(method)
                    ("LayerNorm", ["batch", "sequence", "sequence"], [2], None),
                    ("GroupNorm", ["batch", "sequence"], [1], 8)]
     assert records[2].site.group_split.dim == 1
+
+
+def test_one_d_patch_embedding_reads_the_signal_as_channels_then_length(my_rules):
+    """A (batch, channel, length) signal cut into patches along its length (1-D ViT): inferred and declared
+    (``--input-axes B,C,S``) layouts agree, and the patch norm's statistics are over its patch's values."""
+    spec = load_fixture(FIXTURES / "layout" / "NL101_9.py")
+    for axes in (None, "B,C,S"):
+        r = audit_model(spec.build_model(), spec.example_inputs(), rules=my_rules, input_axes=axes)
+        got = {s.module: (s.input_axes, s.normalized_axes) for s in r.sites if s.module.endswith("norm_in")}
+        assert got == {"split.norm_in": (["batch", "sequence", "channel"], ["channel"]),
+                       "swap.norm_in": (["batch", "sequence", "channel"], ["channel"])}, axes
+        assert [f.module for f in r.findings if f.rule_id == "NL101"] == []

@@ -234,3 +234,38 @@ def test_groupnorm_config_finding_message(my_rules):
     assert (f.module, f.severity) == ("", "error")
     assert f.message == ("NB106_1.json sets norm_num_groups=32 but block_out_channels=[16, 32, 48]: [16, 48] not "
                          "divisible by 32, and nn.GroupNorm(32, C) raises at construction for those channel counts")
+
+
+def test_eval_statistics_follow_the_running_buffers(my_rules):
+    """``site.batchnorm.eval_statistics``: ``batch`` exactly where eval mode can only use the batch's statistics
+    (no running buffers: built with track_running_stats=False, or a functional batch_norm given none), with the
+    values per channel at batch size 1; the flag switched off after construction keeps the buffers eval uses."""
+    from test_axes import load_fixture
+
+    spec = load_fixture(FIXTURES / "batchnorm" / "NB111_1.py")
+    r = audit_model(spec.build_model(), spec.example_inputs(), rules=my_rules)
+    got = {m: (site(r, m).batchnorm.eval_statistics, site(r, m).batchnorm.eval_values_at_batch_one)
+           for m in ("bn_img", "bn_tracked", "fnorm", "bn_switched", "bn_flat")}
+    assert got == {"bn_img": ("batch", 256), "bn_tracked": ("running", None), "fnorm": ("batch", 256),
+                   "bn_switched": ("running", None), "bn_flat": ("batch", 1)}
+    # what PyTorch does in eval: bn_switched uses its (initial) buffers, bn_flat raises at batch 1
+    model = spec.build_model().eval()
+    x = torch.randn(3, 8, 4, 4)
+    assert torch.allclose(model.bn_switched(x), x / (1 + 1e-5) ** 0.5)
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+        model.bn_flat(torch.randn(1, 16))
+
+
+def test_padding_input_is_found_whether_lengths_are_passed_by_keyword_or_position(my_rules):
+    """NB104's ``padding_input``: the same for positional and keyword inputs, also where export bakes the
+    lengths into the graph as a constant (a data-dependent trim leaves no placeholder for them)."""
+    from test_axes import load_fixture
+
+    spec = load_fixture(FIXTURES / "batchnorm" / "NB104_2.py")
+    got = []
+    for inputs in (spec.example_inputs(), spec.keyword_inputs()):
+        r = audit_model(spec.build_model(), inputs, rules=my_rules)
+        # baked in: the graph alone does not name it
+        assert r.capture.attempts[-1].method == "export (integer inputs as constants)"
+        got.append((site(r, "conv_module.bn").batchnorm.padding_input, flagged(r, "NB104")))
+    assert got == [("lengths", ["conv_module.bn"])] * 2

@@ -282,3 +282,24 @@ def test_offset_wrongly_applied_to_a_gated_norm_is_read_per_module(tmp_path):
     assert {s.module: (s.formula.gain, s.weights.gain_centre) for s in r.sites} == {
         "norm": ("one_plus_weight", "one"), "plain": ("weight", "one")}
     assert {(f.rule_id, f.module) for f in r.findings} == {("NC102", "norm")}
+
+
+@pytest.mark.parametrize("method", ["symbolic_trace", "export"])
+def test_group_norms_over_a_grouped_view_and_their_affine(method):
+    """A GroupNorm written over ``x.view(N, G, -1)`` (its statistics, F.layer_norm or F.instance_norm of the
+    view) is a GroupNorm site over x, whatever computes the statistics; ``group_split.affine`` says whether its
+    gain is one per group on the view (with the parameter's shape) or one per channel after the reshape back."""
+    from normaudit.capture import capture_model
+    from normaudit.facts.sites import discover_sites
+
+    spec = load_fixture_module(BATCHNORM / "NB112_1.py")
+    cap = capture_model(spec.build_model(), spec.example_inputs(), on_meta=False, methods=(method,))
+    assert cap.method == method, cap.attempts
+    got = {r.site.module: (r.site.kind, r.site.detected_by, r.site.num_groups, r.site.num_channels,
+                           r.site.reduced_dims, r.site.group_split.affine, r.site.group_split.affine_shape)
+           for r in discover_sites(cap) if r.site.group_split is not None}
+    assert got == {"gn_group": ("GroupNorm", "pattern", 4, 16, [1, 2, 3], "group", [1, 4, 1]),
+                   "ln_group": ("GroupNorm", "functional", 4, 16, [1, 2, 3], "group", [1, 4, 1]),
+                   "in_group": ("GroupNorm", "functional", 4, 16, [1, 2, 3], "group", [4]),
+                   "gn_channel": ("GroupNorm", "pattern", 4, 16, [1, 2, 3], "channel", None),
+                   "ln_channel": ("GroupNorm", "functional", 4, 16, [1, 2, 3], "channel", None)}

@@ -161,18 +161,38 @@ def groupnorm_config_facts(config: Any, sites: Iterable[Any]) -> list[dict[str, 
 
 
 def _mask_input(ctx: Any) -> Optional[str]:
-    """The name of a model input that looks like a padding mask or lengths, else None."""
+    """The name of a model input that looks like a padding mask or lengths, else None.
+
+    Keyword inputs are named by their keys; positional ones by the forward's parameters they bind to
+    (:func:`_positional_names`), then the graph's placeholders: a capture that baked an input into the graph
+    as a constant (export retried with constants after a data-dependent size, ``x[:, :lengths.max()]``) has no
+    placeholder for it, yet the model still takes it."""
     names: list[str] = []
     inputs = ctx.inputs
     if isinstance(inputs, dict):
         names = list(inputs)
-    elif ctx.cap is not None and ctx.cap.gm is not None:
-        names = list(ctx.cap.user_inputs)
+    else:
+        names = _positional_names(getattr(ctx.cap, "root", None), inputs)
+        if ctx.cap is not None and ctx.cap.gm is not None:
+            names += [n for n in ctx.cap.user_inputs if n not in names]
     for n in names:
         low = n.lower()
         if "mask" in low or "length" in low or low.endswith("lens"):
             return n
     return None
+
+
+def _positional_names(model: Any, inputs: Any) -> list[str]:
+    """The names of the forward parameters that positional ``inputs`` (a tuple) bind to, in order; [] when the
+    signature cannot be read or does not bind them."""
+    import inspect
+
+    if model is None or not isinstance(inputs, (tuple, list)):
+        return []
+    try:
+        return list(inspect.signature(model.forward).bind_partial(*inputs).arguments)
+    except (TypeError, ValueError):
+        return []
 
 
 def analyse(ctx: Any, records: list, model: ModelFacts, env: dict[fx.Node, Any]) -> None:
@@ -199,6 +219,10 @@ def analyse(ctx: Any, records: list, model: ModelFacts, env: dict[fx.Node, Any])
             continue
         s.batchnorm.calls_per_forward = calls[s.module]
         shp = s.input_shape or (list(shape(rec.input)) if rec.input is not None and shape(rec.input) else None)
+        s.batchnorm.eval_statistics = eval_statistics(s, getattr(rec, "module_obj", None))
+        if s.batchnorm.eval_statistics == "batch" and shp and s.reduced_dims is not None:
+            s.batchnorm.eval_values_at_batch_one = int(math.prod(shp[d] for d in s.reduced_dims
+                                                                 if 0 < d < len(shp)))
         if shp and s.reduced_dims is not None:
             values = math.prod(shp[d] for d in s.reduced_dims if d < len(shp))
             if micro and example_batch and "batch" in (s.normalized_axes or []) and values % example_batch == 0:
@@ -222,6 +246,23 @@ def analyse(ctx: Any, records: list, model: ModelFacts, env: dict[fx.Node, Any])
             if not causal_looked_for:
                 model.causal_attention = causal_op(ctx.cap.gm.graph if ctx.cap and ctx.cap.gm else None)
                 causal_looked_for = True
+
+
+def eval_statistics(site: Any, mod: Any) -> Optional[str]:
+    """What a BatchNorm site normalises with in eval mode: ``batch`` when it has no running averages, else
+    ``running``; None when the site does not say (a BatchNorm found by its class name alone).
+
+    A module with ``running_mean``/``running_var`` attributes (torch.nn BatchNorm and its subclasses) decides
+    by its buffers, as ``_BatchNorm.forward`` does: in eval it passes ``training=True`` to ``F.batch_norm``
+    exactly when both are None (``track_running_stats=False`` at construction registers them as None; the
+    flag turned off afterwards keeps the buffers, which eval then uses: PyTorch BatchNorm docs). Otherwise a
+    functional ``batch_norm`` given no running buffers (``site.track_running_stats`` False) can only use the
+    batch's."""
+    if mod is not None and hasattr(mod, "running_mean") and hasattr(mod, "running_var"):
+        return "batch" if mod.running_mean is None and mod.running_var is None else "running"
+    if site.track_running_stats is None:
+        return None
+    return "running" if site.track_running_stats else "batch"
 
 
 #: ops a convolution's output passes through on its way to the norm without ceasing to be a conv map

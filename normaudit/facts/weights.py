@@ -69,6 +69,10 @@ def site_param_names(site: Any, mod: Optional[nn.Module]) -> list[str]:
     if site.kind == "L2Norm" and not site.affine_weight:
         return []  # a unit vector with no gain multiplied in owns none of its module's parameters
     size = _numel(site.normalized_shape) or site.num_channels
+    split = getattr(site, "group_split", None)
+    if split is not None and split.affine == "group":
+        # a hand-written GroupNorm's per-group affine on the grouped view: (1, G, 1) or (G,), one value per group
+        return [n for n, t in items if t.numel() == split.groups and sum(int(d) > 1 for d in t.shape) == 1]
     return [n for n, t in items if t.dim() == 1 and (size is None or t.numel() == size)]
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
-from normaudit.facts import (aliasing, axes, batchnorm, coverage, eps, eps_param, formula, frozen, gain_use, numerics,
-                             placement, sites, usage, weights)
+from normaudit.facts import (aliasing, axes, batchnorm, causal, coverage, eps, eps_param, formula, frozen, gain_use,
+                             numerics, placement, sites, usage, weights)
 from normaudit.facts.context import FactContext, Facts
 from normaudit.probes import batch as batch_probe
 from normaudit.probes import formula_confirm as formula_probe
@@ -71,6 +71,8 @@ PASSES: tuple[Pass, ...] = (
     Pass("usage", "model", usage.run, ("graph", "records", "checkpoint"), ("model.unused_norms", "notes")),
     Pass("identity-norms", "whole_model", usage.run_identity, ("graph", "records", "model.unused_norms"),
          ("model.identity_norms", "model.unused_norms", "notes")),
+    Pass("causal-time", "whole_model", causal.run, ("graph", "records", "site.normalized_axes", "config"),
+         ("site.batchnorm.causal_conv", "model.causal_time")),
     Pass("groupnorm-config", "whole_model", batchnorm.run_groupnorm_config, ("records", "config"),
          ("model.groupnorm_config",)),
     Pass("stream-end", "whole_model", placement.run_stream_end,

@@ -122,5 +122,9 @@ class ModelFacts(_Model):
     #: the checks that did not run because the whole model was not captured as one graph
     #: (``normaudit.facts.coverage``); None when it was
     partial_capture: Optional[PartialCapture] = None
+    #: the configuration's declaration of causal convolutions (``use_causal_conv=True``), looked for when a
+    #: GroupNorm/InstanceNorm's statistics span a sequence or depth axis (``normaudit.facts.causal``); None
+    #: where none was looked for or found
+    causal_time: Optional[str] = None
     #: free-form model-level facts of passes outside normaudit; normaudit's own facts are typed fields
     extra: dict[str, Any] = Field(default_factory=dict)

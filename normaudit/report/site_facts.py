@@ -231,6 +231,12 @@ class GroupSplit(_Model):
     spans: list[int] = Field(default_factory=list)
     #: the input dim its per-channel affine scales (the channels; None without a gain multiply)
     channel_dim: Optional[int] = None
+    #: ``group``: its gain scales the grouped view with one value per group (a (1, G, 1) weight on
+    #: ``x.view(N, G, -1)``, or F.instance_norm's (G,) weight there) instead of one per channel; ``channel``: one
+    #: per channel; None without a gain -- ``normaudit.facts.sites.group_norm``
+    affine: Optional[Literal["channel", "group"]] = None
+    #: with ``affine == "group"``: the shape of that gain parameter as the module holds it
+    affine_shape: Optional[list[int]] = None
 
 
 class FreezeFacts(_Model):
@@ -336,7 +342,10 @@ class BatchNormFacts(_Model):
     training at the audited micro-batch; ``train_error``: what PyTorch raises in training with one value per
     channel; over a sequence: ``padding_input`` the model input that looks like a padding mask or lengths,
     ``conv_input`` / ``conv_sibling`` the convolution whose output it normalises or which reads the same tensor,
-    ``model_input`` the model input it normalises directly (None where there is none)."""
+    ``model_input`` the model input it normalises directly (None where there is none); ``eval_statistics``:
+    the statistics it normalises with in eval mode (``batch``: it keeps no running averages, so eval uses the
+    batch's own), with ``eval_values_at_batch_one`` the values each channel's statistics then see for a batch
+    of one."""
 
     momentum: Optional[float] = None
     calls_per_forward: Optional[int] = None
@@ -346,3 +355,12 @@ class BatchNormFacts(_Model):
     conv_input: Optional[str] = None
     conv_sibling: Optional[str] = None
     model_input: Optional[str] = None
+    #: ``running`` or ``batch``: what eval mode normalises with (nn.BatchNorm*: ``track_running_stats=False``
+    #: or no running buffers means batch statistics in eval too, PyTorch BatchNorm docs) -- facts.batchnorm
+    eval_statistics: Optional[Literal["running", "batch"]] = None
+    #: with batch statistics in eval: the values per channel at batch size 1 (the product of the non-batch
+    #: reduced dims); 1 means eval at batch 1 raises "Expected more than 1 value per channel when training"
+    eval_values_at_batch_one: Optional[int] = None
+    #: GroupNorm/InstanceNorm whose statistics span time: the causal convolution next to it (causal padding
+    #: before it, or a Causal/causal=True module) -- ``normaudit.facts.causal``
+    causal_conv: Optional[str] = None

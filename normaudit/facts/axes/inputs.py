@@ -79,7 +79,8 @@ def input_labels(node: fx.Node, cap: Capture, declared: Optional[list[Label]] = 
       named like spectrograms: :func:`_spectrogram_labels`; ``(batch, ?, ?, feature)`` for the recorded
       hidden states of a part, ``cap.inputs_recorded``, read first by a linear layer or a layer/RMS norm),
       rank 5 ``(batch, channel, depth, height, width)``
-      (``(batch, sequence, channel, height, width)`` for inputs named like videos);
+      (for inputs named like videos ``(batch, channel, sequence, height, width)`` when a 3-D convolution reads
+      them, else ``(batch, sequence, channel, height, width)``);
     - floating rank 3: ``(batch, channel, sequence)`` when a 1-D conv or a BatchNorm1d/InstanceNorm1d/
       GroupNorm reads it first; ``(sequence, batch, feature)`` when a torch.nn RNN or MultiheadAttention
       with ``batch_first=False`` reads it first, or the model is a torch.nn Transformer built that way;
@@ -101,6 +102,8 @@ def input_labels(node: fx.Node, cap: Capture, declared: Optional[list[Label]] = 
         base = [("batch",), ("sequence",)]
         return (base + [UNK] * rank)[:rank] if rank >= 2 else [("sequence",)] * rank
     if rank == 5:
+        if "video" in name and _read_by_conv3d(node, cap):  # (N, C, T, H, W): Conv3d reads dim 1 as channels
+            return [("batch",), ("channel",), ("sequence",), ("height",), ("width",)]
         if "video" in name:
             return [("batch",), ("sequence",), ("channel",), ("height",), ("width",)]
         return [("batch",), ("channel",), ("depth",), ("height",), ("width",)]
@@ -125,6 +128,8 @@ def input_labels(node: fx.Node, cap: Capture, declared: Optional[list[Label]] = 
         layout = _conv_reading(node, cap) if first is None else None
         if layout is not None:
             return _read_by_conv_labels(layout, shp, name, cap)
+        if first is None and _patches_last_axis(node, shp):
+            return [("batch",), ("channel",), ("sequence",)]
         if first is None and any(k in name for k in ("feature", "mel", "spectrogram")):
             return [("batch",), ("channel",), ("sequence",)]
         return [("batch",), ("sequence",), ("feature",)]
@@ -180,8 +185,9 @@ def _conv_reading(node: fx.Node, cap: Capture) -> Optional[str]:
     ``"map"`` when it is unsqueezed into one channel, ``(B, 1, X, Y)``, and read by a 2-D convolution (a
     single-channel map: Gemma3n's, Gemma4's and Parakeet's audio subsampling ``input_features.unsqueeze(1)``
     into ``Conv2d``, AST's patch embedding); ``"channels_last"`` when it is transposed to ``(B, Y, X)`` and
-    read by a 1-D convolution (Speech2Text's ``input_features.transpose(1, 2)`` into ``Conv1d``); None
-    otherwise (padding, casts and a transpose of the map's spatial dims may come between)."""
+    read by a 1-D convolution (Speech2Text's ``input_features.transpose(1, 2)`` into ``Conv1d``);
+    ``"channels"`` when padding alone leads it to a 1-D convolution (``conv1d(F.pad(x, (k - 1, 0)))``, a
+    causal convolution: ``(B, C, T)`` as Conv1d reads it); None otherwise (padding, casts and a transpose of the map's spatial dims may come between)."""
     frontier = [(node, "input")]
     for _ in range(8):
         nxt = []
@@ -190,11 +196,64 @@ def _conv_reading(node: fx.Node, cap: Capture) -> Optional[str]:
                 conv = _conv_rank(user, cap)
                 if conv is not None and (state, conv) in (("map", 2), ("channels_last", 1)):
                     return state
+                if conv == 1 and state == "input" and user.args and user.args[0] is not node:
+                    return "channels"  # padded (F.pad, causal or not) and read by a 1-D conv as (B, C, T)
                 step = _conv_path_step(user, n, state) if conv is None else None
                 if step is not None:
                     nxt.append((user, step))
         frontier = nxt
     return None
+
+
+def _read_by_conv3d(node: fx.Node, cap: Capture) -> bool:
+    """True when a rank-5 input reaches a 3-D convolution through padding, casts and copies only
+    (:data:`_CONV_PATH_OPS`): the convolution reads dim 1 as channels and dims 2-4 as (time or depth, height,
+    width), PyTorch's ``Conv3d`` layout ``(N, C, D, H, W)``."""
+    frontier = [node]
+    for _ in range(6):
+        nxt = []
+        for n in frontier:
+            for user in n.users:
+                if _conv_rank(user, cap) == 3 and user.args and user.args[0] is n:
+                    return True
+                name = op_name(user)
+                if (name in _CONV_PATH_OPS or raw_name(user) in _CONV_PATH_OPS) and user.args and user.args[0] is n:
+                    nxt.append(user)
+        frontier = nxt
+    return False
+
+
+_LAYOUT_OPS = ("view", "reshape", "_unsafe_view", "permute", "transpose", "contiguous", "flatten", "clone")
+
+
+def _patches_last_axis(node: fx.Node, shp: Any) -> bool:
+    """True when a rank-3 input ``(B, X, L)`` is cut into patches along its last axis by layout ops alone,
+    the 1-D patch embedding ``Rearrange('b c (n p) -> b n (p c)')`` written as ``view(B, X, n, p)``,
+    ``permute(0, 2, 3, 1)`` and ``reshape(B, n, p * X)`` (or ``transpose(1, 2).reshape(B, n, p * X)``): a
+    tensor of shape ``(B, L / p, p * X)`` for some patch size ``1 < p < L`` is reached through a permute or
+    transpose. The input is then a signal ``(batch, channel, length)`` and each token a patch of its
+    samples and channels, as a 2-D ViT's patches are of pixels."""
+    dims = [int(d) if isinstance(d, int) else None for d in shp]
+    if None in dims:
+        return False
+    b, x, length = dims
+    frontier, moved = [(node, False)], False
+    for _ in range(5):
+        nxt = []
+        for n, moved in frontier:
+            for user in n.users:
+                name = op_name(user)
+                if not (name in _LAYOUT_OPS or raw_name(user) in _LAYOUT_OPS) or not user.args or user.args[0] is not n:
+                    continue
+                now = moved or name in ("permute", "transpose") or raw_name(user) in ("permute", "transpose")
+                us = shape(user)
+                if now and us is not None and len(us) == 3 and us[0] == b and us[1] * us[2] == x * length:
+                    p = us[2] // x if us[2] % x == 0 else 0
+                    if 1 < p < length and length % p == 0 and us[1] == length // p:
+                        return True
+                nxt.append((user, now))
+        frontier = nxt
+    return False
 
 
 def _conv_path_step(user: fx.Node, src: fx.Node, state: str) -> Optional[str]:
@@ -241,9 +300,12 @@ def _read_by_conv_labels(layout: str, shp: Any, name: str, cap: Capture) -> list
     """Labels of a rank-3 input read by a convolution after a layout op (:func:`_conv_reading`): a
     single-channel map is ``(batch, sequence, feature)`` for audio (time frames and mel bins, ordered by
     :func:`_time_and_mel`) and ``(batch, height, width)`` otherwise; a channels-last sequence read by a 1-D
-    convolution is ``(batch, sequence, feature)``."""
+    convolution is ``(batch, sequence, feature)``; a padded input read by a 1-D convolution ``(batch, channel,
+    sequence)``."""
     if layout == "channels_last":
         return [("batch",), ("sequence",), ("feature",)]
+    if layout == "channels":
+        return [("batch",), ("channel",), ("sequence",)]
     if any(k in name for k in _SPECTROGRAM_NAMES + _AUDIO_NAMES):
         return [("batch",)] + _time_and_mel(shp, 1, cap)
     return [("batch",), ("height",), ("width",)]

@@ -14,6 +14,7 @@ from normaudit.facts.sites.activations import activation_nodes, is_act
 from normaudit.facts.sites.application import extend_affine, norm_like
 from normaudit.facts.sites.builtin import functional_facts, module_facts, reduced_dims_for, resolve_default_eps
 from normaudit.facts.sites.frozen_batchnorm import folded_frozen_batchnorm_sites
+from normaudit.facts.sites.group_norm import functional_group_norm
 from normaudit.facts.sites.hand_written import hand_written_sites
 from normaudit.facts.sites.record import SiteRecord, dtype_str, location
 from normaudit.report import Site, SourceLocation
@@ -74,7 +75,7 @@ class _Discovery:
                 rec = self._functional(node, name)
             else:
                 continue
-            self._keep(rec, {node})
+            self._keep(rec, {node, *rec.nodes})
             seen.add(rec.site.module)
         return seen
 
@@ -88,6 +89,8 @@ class _Discovery:
             rec = self.new(path, OP_KINDS[name], "functional", node, name)
             functional_facts(rec.site, node, name)
         rec.input, rec.output = node.args[0], node
+        if rec.site.detected_by == "functional":
+            functional_group_norm(rec, name, self.modules)  # F.layer_norm(x.view(N, G, -1), ...): a GroupNorm
         return rec
 
     def decomposed_builtins(self, owned: dict[str, list[fx.Node]], seen: set[str]) -> None:

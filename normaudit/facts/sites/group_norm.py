@@ -73,11 +73,89 @@ def restored(applied: fx.Node, xs: Optional[tuple[int, ...]], hops: int = 6) -> 
     return any(tuple(shape(n) or ()) == tuple(xs) for n in [applied, *reach(applied, follow, hops - 1)])
 
 
-def finish_group_norm(rec: SiteRecord, split: GroupSplit, modules: dict) -> None:
+def functional_group_norm(rec: SiteRecord, name: str, modules: dict) -> bool:
+    """A GroupNorm written with a functional norm over a grouped view (Wu & He 2018, and the older ports that
+    turn GroupNorm into InstanceNorm by reshaping to (N, G, C // G * H * W)): ``F.layer_norm(x.view(N, G, -1),
+    x.shape[-1:])`` or ``F.instance_norm(x.view(N, G, -1))`` whose result is given back ``x``'s layout. Turns
+    ``rec`` (a functional LayerNorm or InstanceNorm site) into a GroupNorm site over ``x`` with its
+    :class:`GroupSplit` and returns True; False (``rec`` untouched) for any other input."""
+    s, view = rec.site, rec.input
+    vs = shape(view) if isinstance(view, fx.Node) else None
+    if name not in ("layer_norm", "instance_norm") or not vs or len(vs) < 3:
+        return False
+    n = len(s.normalized_shape or [1]) if name == "layer_norm" else len(vs) - 2
+    found = group_view(view, list(range(len(vs) - n, len(vs))))
+    if found is None:
+        return False
+    base, split = found
+    out, chain = extend_affine(rec.output, s.module, modules)
+    if not restored(out, shape(base)):
+        return False
+    gain = arg_gain(rec.output) if name == "instance_norm" else None
+    rec.output, rec.input = out, base
+    rec.nodes |= set(chain)
+    s.kind, s.reduced_dims = "GroupNorm", list(range(1, len(shape(base))))
+    s.affine_weight = s.affine_weight or any(op_name(c) == "mul" for c in chain) or None
+    s.affine_bias = s.affine_bias or any(op_name(c) == "add" for c in chain) or None
+    finish_group_norm(rec, split, modules, view_gain=gain)
+    return True
+
+
+def arg_gain(node: fx.Node) -> Optional[fx.Node]:
+    """The weight argument of an ``instance_norm`` call (``F.instance_norm(input, running_mean, running_var,
+    weight, ...)``; ``aten.instance_norm(input, weight, bias, ...)`` under export; or ``weight=``), None when
+    absent."""
+    at = 1 if hasattr(node.target, "_overloadpacket") else 3
+    w = node.kwargs.get("weight", node.args[at] if len(node.args) > at else None)
+    return w if isinstance(w, fx.Node) else None
+
+
+def _group_gain(nodes: set, vs: Optional[tuple[int, ...]], groups: int) -> Optional[fx.Node]:
+    """The operand of a gain multiply among ``nodes`` that acts on the grouped view (shape ``vs``) with one value
+    per group: right-aligned with ``vs``, its only dim above 1 is of size ``groups`` where ``vs`` has the
+    groups. None when there is none."""
+    if not vs:
+        return None
+    for node in nodes:
+        if op_name(node) != "mul" or tuple(shape(node) or ()) != tuple(vs):
+            continue
+        for a in node.args[:2]:
+            ws = shape(a) if isinstance(a, fx.Node) else None
+            if ws is None or len(ws) > len(vs) or tuple(ws) == tuple(vs):
+                continue
+            big = [len(vs) - len(ws) + i for i, d in enumerate(ws) if d > 1]
+            if len(big) == 1 and vs[big[0]] == groups and ws[big[0] - len(vs) + len(ws)] == groups:
+                return a
+    return None
+
+
+def _param_shape(node: Optional[fx.Node], module: Any) -> Optional[list[int]]:
+    """The shape of the parameter a gain operand reads (through views), as its module holds it; else the
+    operand's shape."""
+    src = strip_neutral(node) if isinstance(node, fx.Node) else None
+    hops = 0
+    while isinstance(src, fx.Node) and src.op not in ("get_attr", "placeholder") and hops < 4 and src.args:
+        src, hops = strip_neutral(src.args[0]), hops + 1
+    if isinstance(src, fx.Node) and src.op == "get_attr" and module is not None:
+        leaf = str(src.target).rsplit(".", 1)[-1]
+        p = getattr(module, leaf, None)
+        if p is not None and hasattr(p, "shape"):
+            return [int(d) for d in p.shape]
+    ws = shape(node) if isinstance(node, fx.Node) else None
+    return [int(d) for d in ws] if ws else None
+
+
+def finish_group_norm(rec: SiteRecord, split: GroupSplit, modules: dict,
+                      view_gain: Optional[fx.Node] = None) -> None:
     """Group facts of a hand-written GroupNorm, and its output taken past the reshape back to the input's shape
-    and the per-channel affine (``x * w.view(1, C, 1, 1) + b.view(1, C, 1, 1)``)."""
+    and the per-channel affine (``x * w.view(1, C, 1, 1) + b.view(1, C, 1, 1)``). A gain applied on the
+    grouped view with one value per group (``view_gain``, or a multiply found among the record's nodes) is
+    ``split.affine == "group"``: Wu & He 2018 (eq. 2 and their code) learn one gamma and beta per channel."""
     s, xs = rec.site, shape(rec.input)
     s.num_groups, s.group_split, s.normalized_shape = split.groups, split, None
+    vs = shape(rec.stat.args[0]) if rec.stat is not None and rec.stat.args and \
+        isinstance(rec.stat.args[0], fx.Node) else None
+    per_group = view_gain if view_gain is not None else _group_gain(rec.nodes, vs or shape(rec.output), split.groups)
     users = [u for u in rec.output.users if not op_name(u).startswith("_assert")]
     if len(users) == 1 and op_name(users[0]) in _GROUP_VIEWS and shape(users[0]) == xs:
         out, chain = extend_affine(users[0], s.module, modules)
@@ -87,6 +165,12 @@ def finish_group_norm(rec: SiteRecord, split: GroupSplit, modules: dict) -> None
         s.affine_bias = any(op_name(c) == "add" for c in chain) or s.affine_bias
         rec.hints["affine_chain"] = rec.hints.get("affine_chain", []) + [op_name(c) for c in chain]
         split.channel_dim = _affine_dim(chain, xs)
+    if per_group is not None:
+        split.affine, split.affine_shape = "group", _param_shape(per_group, rec.module_obj)
+        s.affine_weight = True
+        s.num_channels = int(xs[split.dim])
+        return
+    split.affine = "channel" if split.channel_dim is not None else None
     gains = [p for p in (rec.module_obj.parameters(recurse=False) if rec.module_obj is not None else [])
              if sum(int(d) > 1 for d in p.shape) == 1]
     s.num_channels = int(gains[0].numel()) if gains else int(xs[split.dim])

@@ -24,7 +24,7 @@ from normaudit.facts.sites.application import apply_node, combined_denominator, 
     numerator_form
 from normaudit.facts.sites.frozen_batchnorm import add_frozen_batchnorm, buffer_stat
 from normaudit.facts.sites.group_norm import finish_group_norm, group_view, restored
-from normaudit.facts.sites.l2 import add_l2, has_gain, l2_stat, learned_rescale
+from normaudit.facts.sites.l2 import add_l2, grn_root, has_gain, l2_stat, learned_rescale
 from normaudit.facts.sites.statistics import analyse_stat, find_stat, is_root
 from normaudit.vocabulary.graph import op_name, owner, scalar_operand, shape
 from normaudit.vocabulary.kinds import L2_KIND, builtin_kind
@@ -52,6 +52,9 @@ def _statistic(node: fx.Node, act: Optional[set], add_pattern, modules: dict,
     """The statistic ``node`` turns into a scale: (statistic node, eps, how eps enters) when ``node`` is a root
     of one (:func:`find_stat`) or a ``std``; else None. A root of a per-channel buffer (a frozen BatchNorm) and
     a 2-norm are recorded here instead (:func:`add_frozen_batchnorm`, :func:`add_l2`)."""
+    if grn_root(node):  # GRN with its 2-norm written out: sqrt(sum(x^2)) divided by its channel mean
+        add_l2(node, act, add_pattern, modules, data)
+        return None
     if is_root(node):
         found = find_stat(node.args[0])
         if found is None:

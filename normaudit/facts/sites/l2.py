@@ -20,6 +20,7 @@ from torch import fx
 
 from normaudit.facts.sites.activations import is_act
 from normaudit.facts.sites.application import SCALE_PATH, VIEW_OPS, apply_node, feeds_from, norm_like
+from normaudit.facts.sites.statistics import analyse_stat
 from normaudit.vocabulary.graph import FOLLOW, NEUTRAL_OPS, arg, forward_walk, op_name, owner, reduction, \
     scalar_operand, shape, strip_neutral
 from normaudit.vocabulary.kinds import L2_KIND
@@ -46,6 +47,26 @@ def l2_stat(node: fx.Node) -> Optional[tuple[fx.Node, tuple[int, ...]]]:
     if red is None:
         return None
     return red.source, red.dims
+
+
+def root_sum_squares(node: fx.Node) -> Optional[tuple[fx.Node, tuple[int, ...]]]:
+    """If ``node`` is the 2-norm written out, ``sqrt(sum(x ** 2, dims))`` (``x.pow(2).sum(d).sqrt()``,
+    ``(x * x).sum(d) ** 0.5``), return (x, dims), else None."""
+    name = op_name(node)
+    if not (name == "sqrt" or (name == "pow" and len(node.args) > 1 and node.args[1] == 0.5)):
+        return None
+    if not node.args or not isinstance(node.args[0], fx.Node):
+        return None
+    info = analyse_stat(node.args[0])
+    if info is None or info.get("statistic") != "l2_norm":
+        return None
+    return info["source"], tuple(info["dims"])
+
+
+def grn_root(node: fx.Node) -> bool:
+    """``node`` is a written-out 2-norm (:func:`root_sum_squares`) that Global Response Normalization divides
+    by its channel mean (:func:`_grn_stat`)."""
+    return root_sum_squares(node) is not None and _grn_stat(node) is not None
 
 
 class L2Scale(NamedTuple):
@@ -117,7 +138,7 @@ def _grn_stat(norm: fx.Node) -> Optional[tuple[fx.Node, tuple[int, ...], fx.Node
     """Global Response Normalization (ConvNeXt-V2, Woo et al. 2023, eq. 1-2): ``gx = ||x||_2`` over the
     spatial dims, ``nx = gx / (mean_C(gx) + eps)``. For the 2-norm node: (source, all reduced dims, the
     ``nx`` division, eps) or None."""
-    l2 = l2_stat(norm)
+    l2 = l2_stat(norm) or root_sum_squares(norm)
     if l2 is None or op_name(norm) == "normalize":
         return None
     src, dims = l2
@@ -141,7 +162,7 @@ def add_l2(node: fx.Node, act: Optional[set], add_pattern, modules, data: Option
     L2Norm elsewhere (module docstring), where the form without eps needs a learned rescale (a gain, or the
     temperature of cosine q/k scores) to be a site."""
     path = owner(node, modules)
-    src, dims = l2_stat(node)
+    src, dims = l2_stat(node) or root_sum_squares(node)
     if not is_act(src, act if data is None else data):
         return
     grn = _grn_stat(node)
