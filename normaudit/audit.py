@@ -14,6 +14,7 @@ from torch import nn
 
 from normaudit import __version__
 from normaudit.capture import capture_model
+from normaudit.capture.errors import config_error, rope_section_conflicts, unset_config_keys
 from normaudit.capture.parts import coverage
 from normaudit.engine.evaluator import evaluate
 from normaudit.engine.loader import load_rules
@@ -253,7 +254,8 @@ def _capture_facts(opts: AuditOptions, mua: ModelUnderAudit, inputs: Any, dtype:
     model with stacks of identical blocks is captured with each stack reduced to four blocks and the facts
     carried over to the others (:mod:`normaudit.capture.repeats`); whenever that cannot be proven exact, the
     full model is captured. Returns ``(capture, context, facts)``; ``context.cap`` sees the full model's
-    modules. Sets ``capture_method``, ``train_error`` and ``capture_error`` in the rules' ``options``."""
+    modules. Sets ``capture_method``, ``train_error``, ``capture_error``, ``unset_config_keys``,
+    ``config_conflicts`` and ``config_error`` in the rules' ``options``."""
     from normaudit.capture import repeats
     from normaudit.capture.parts import covers_all
 
@@ -276,6 +278,13 @@ def _capture_facts(opts: AuditOptions, mua: ModelUnderAudit, inputs: Any, dtype:
     options.capture_method = "parts" if covers_all(cap) else cap.method
     options.train_error = cap.train_error
     options.capture_error = next((a.error for a in cap.attempts if not a.ok), None)
+    if not cap.complete:  # a config the forward cannot run with: a value unset (NK110), values that disagree (NK111)
+        errors = [a.error for a in cap.attempts if not a.ok]
+        own = [(s.scope, s.data) for s in shared["config_sources"] if s.scope is not None]
+        options.unset_config_keys = unset_config_keys(errors, own)
+        options.config_conflicts = rope_section_conflicts(errors, own)
+        if options.unset_config_keys or options.config_conflicts:
+            options.config_error = config_error(errors, options.unset_config_keys)
     ctx = FactContext(cap=cap, origins=origins, train_error=cap.train_error, **shared)
     phase("facts")
     facts = collect_facts(ctx, plan)

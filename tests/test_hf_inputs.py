@@ -213,14 +213,38 @@ def test_required_parameters_decide_the_inputs(rules):
     assert report.capture.complete and [s.module for s in report.sites] == ["norm"]
 
 
-def test_multimodal_forward_that_fails_is_captured_by_its_main_tower_and_parts(rules):
-    # Qwen3-VL on text + image: the vision tower's attention splits by cu_seqlens.tolist() (data-dependent),
-    # so the whole forward cannot be exported. The retry on the text alone gives a whole-model graph of the
-    # language model; the vision tower, never called by it, is captured alone on its own inputs (by parts).
+def _qwen3_vl_on_meta():
     text = dict(TEXT, model_type="qwen3_vl_text", vocab_size=120, num_key_value_heads=2, head_dim=8, num_hidden_layers=1,
                 rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 1, 1]))
-    model = _auto_meta("Qwen3VLConfig", text_config=text, vision_config=dict(QWEN3_VL_VISION, depth=1),
-                       image_token_id=110, video_token_id=111, vision_start_token_id=112).eval()
+    return _auto_meta("Qwen3VLConfig", text_config=text, vision_config=dict(QWEN3_VL_VISION, depth=1),
+                      image_token_id=110, video_token_id=111, vision_start_token_id=112).eval()
+
+
+def test_multimodal_mrope_forward_with_token_types_is_captured_whole(rules):
+    # Qwen3-VL on text + image: the plain export fails on the data-dependent split of the vision attention by
+    # cu_seqlens; with the integer inputs as constants the whole multimodal forward is captured, M-RoPE
+    # reading mm_token_type_ids (1 at the 4 image tokens of each row: one per merge window of a 4 x 4 grid)
+    model = _qwen3_vl_on_meta()
+    kwargs, said = infer_hf_inputs(model)
+    assert said == ("input_ids int64 (2, 20), pixel_values float (32, 96), image_grid_thw int64 (2, 3), "
+                    "mm_token_type_ids int64 (2, 20)")
+    assert kwargs["mm_token_type_ids"].tolist() == [[1] * 4 + [0] * 16] * 2
+    assert ((kwargs["input_ids"] == 110) == (kwargs["mm_token_type_ids"] == 1)).all()
+    report = audit_model(model, rules=rules, on_meta=True)  # eval: no second, eval-mode round of attempts
+    assert [(a.method, a.ok) for a in report.capture.attempts] == [
+        ("export", False), ("export (integer inputs as constants)", True)]
+    assert report.capture.parts == [] and report.capture.unaudited == []
+    assert sorted({s.module for s in report.sites if s.detected_by != "module_walk"}) == sorted(_norm_modules(model))
+
+
+def test_multimodal_forward_that_fails_is_captured_by_its_main_tower_and_parts(rules, monkeypatch):
+    # Qwen3-VL on text + image without mm_token_type_ids, which its M-RoPE refuses image inputs without, so
+    # the whole forward cannot be exported. The retry on the text alone gives a whole-model graph of the
+    # language model; the vision tower, never called by it, is captured alone on its own inputs (by parts).
+    from normaudit.loaders.inputs import placeholders
+
+    monkeypatch.setattr(placeholders, "_with_token_types", lambda config, kwargs, params: kwargs)
+    model = _qwen3_vl_on_meta()
     report = audit_model(model, rules=rules, on_meta=True)  # eval: no second, eval-mode round of attempts
     attempts = [(a.method, a.ok) for a in report.capture.attempts]
     assert attempts[0] == ("export", False) and attempts[-1] == ("export (main tower's inputs only)", True)

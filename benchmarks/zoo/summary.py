@@ -11,7 +11,10 @@ Definitions used by both:
 - norm module: a torch.nn norm or a class whose name names a norm (:func:`says_norm`), holding no norm;
 - exact sites: the graph sites on norm modules are exactly the forward-called norm modules; graph sites in
   modules that are no norm module (functional norms inside attention) are counted apart (``functional``);
-- crash: exit 3, an exception the worker caught, or a worker that died.
+- crash: exit 3, an exception the worker caught, or a worker that died;
+- mode: how a transformers type was sized (``careful``, ``full``, ``plain``: ``sweep.py --mode``); a result
+  without one is ``careful``. Each mode is a column of its own, and a type counts as covered as users get
+  it only where it is covered in every mode swept (:func:`mode_coverage`).
 """
 from __future__ import annotations
 
@@ -65,7 +68,7 @@ def says_norm(name: str, prefixes: Iterable[str] = ()) -> bool:
 
 COLUMNS = ("corpus", "type", "model", "shrink", "exit", "capture", "complete", "sites", "fwd_norms",
            "norm_modules", "recall", "missing", "extra", "findings", "audit_s", "total_s", "cpu_s", "fwd_inputs", "error",
-           "functional")
+           "functional", "mode")
 
 
 def _drop_non_norms(r: dict[str, Any]) -> dict[str, Any]:
@@ -82,10 +85,24 @@ def _drop_non_norms(r: dict[str, Any]) -> dict[str, Any]:
     return r
 
 
+def mode(r: dict[str, Any]) -> str:
+    """How the target was sized (``careful`` for a result written before the sweep had modes)."""
+    return r.get("mode") or "careful"
+
+
 def latest(results: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One result per ``(corpus, name)``, the last one written (a rerun into the same folder wins)."""
-    by_key = {(r["corpus"], r["name"]): _drop_non_norms(r) for r in results}
-    return sorted(by_key.values(), key=lambda r: (r["corpus"], r["name"]))
+    """One result per ``(corpus, mode, name)``, the last one written (a rerun into the same folder wins)."""
+    by_key = {(r["corpus"], mode(r), r["name"]): _drop_non_norms(r) for r in results}
+    return sorted(by_key.values(), key=lambda r: (r["corpus"], MODE_ORDER.get(mode(r), 9), r["name"]))
+
+
+#: the order of the modes' columns
+MODE_ORDER = {"careful": 0, "full": 1, "plain": 2}
+
+
+def column(r: dict[str, Any]) -> str:
+    """The summary column of ``r``: its corpus, with the mode beside it where that is not ``careful``."""
+    return r["corpus"] if mode(r) == "careful" else f"{r['corpus']} ({mode(r)})"
 
 
 def audited(r: dict[str, Any]) -> bool:
@@ -159,7 +176,8 @@ def write_tsv(results: Iterable[dict[str, Any]], path: Path) -> None:
                 "" if rec is None else f"{rec:.3f}", _few(missing(r)), _few(extra(r)),
                 ";".join(f"{f['rule']}@{f['module'] or '<model>'}" for f in r.get("findings") or []),
                 r.get("audit_s", ""), r.get("total_s", ""), r.get("cpu_s", ""), (r.get("fwd_inputs") or "")[:120],
-                " ".join(str(r.get("error") or r.get("capture_error") or "").split())[:200], _few(functional(r))])
+                " ".join(str(r.get("error") or r.get("capture_error") or "").split())[:200], _few(functional(r)),
+                mode(r)])
 
 
 def _pct(n: int, d: int) -> str:
@@ -297,8 +315,8 @@ def write_markdown(results: Iterable[dict[str, Any]], path: Path, wall_file: Opt
     """``summary.md``: one table (a row per figure of :func:`corpus_figures`, a column per corpus), then per
     corpus the warning/error findings by rule with the models named, and the failed targets."""
     rs = latest(results)
-    corpora = sorted({r["corpus"] for r in rs})
-    by_corpus = {c: [r for r in rs if r["corpus"] == c] for c in corpora}
+    corpora = list(dict.fromkeys(column(r) for r in rs))
+    by_corpus = {c: [r for r in rs if column(r) == c] for c in corpora}
     figures = {c: corpus_figures(by_corpus[c]) for c in corpora}
     lines = ["# normaudit zoo sweep", ""]
     if wall_file is not None and wall_file.is_file():
@@ -306,6 +324,7 @@ def write_markdown(results: Iterable[dict[str, Any]], path: Path, wall_file: Opt
     lines += ["| | " + " | ".join(corpora) + " |", "|---|" + "---|" * len(corpora)]
     for row in (figures[corpora[0]] if corpora else {}):
         lines.append(f"| {row} | " + " | ".join(figures[c][row] for c in corpora) + " |")
+    lines += mode_coverage_lines(rs)
     for corpus in corpora:
         lines += ["", f"## {corpus}: findings at warning or error, by rule", ""]
         rules = findings_by_rule(by_corpus[corpus])
@@ -315,3 +334,38 @@ def write_markdown(results: Iterable[dict[str, Any]], path: Path, wall_file: Opt
         if failed:
             lines += ["", f"## {corpus}: not built, crashed, timed out, refused", ""] + failed
     path.write_text("\n".join(lines) + "\n")
+
+
+def mode_coverage(rs: list[dict[str, Any]], corpus: str) -> Optional[dict[str, Any]]:
+    """Coverage of ``corpus`` across the modes swept (``rs``: :func:`latest` results), or None where it was
+    swept in one mode only: ``modes`` (in :data:`MODE_ORDER`), ``types`` (built in every mode), ``every``
+    (of those, covered in every mode: a type covered only under the careful shrink is not covered as users
+    get it), and per mode the types of ``types`` covered there but not in every mode (``only``)."""
+    by_mode: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rs:
+        if r["corpus"] == corpus:
+            by_mode.setdefault(mode(r), {})[r["name"]] = r
+    if len(by_mode) < 2:
+        return None
+    order = sorted(by_mode, key=lambda m: MODE_ORDER.get(m, 9))
+    types = sorted(set.intersection(*({n for n, r in by_mode[m].items() if r.get("exit") != "build"}
+                                      for m in order)))
+    every = [n for n in types if all(covered(by_mode[m][n]) for m in order)]
+    only = {m: [n for n in types if covered(by_mode[m][n]) and n not in every] for m in order}
+    return {"modes": order, "types": types, "every": every, "only": only}
+
+
+def mode_coverage_lines(rs: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines of :func:`mode_coverage` for each corpus swept in several modes (none otherwise)."""
+    lines: list[str] = []
+    for corpus in sorted({r["corpus"] for r in rs}):
+        cov = mode_coverage(rs, corpus)
+        if cov is None:
+            continue
+        lines += ["", f"## {corpus}: coverage across the modes ({', '.join(cov['modes'])})", "",
+                  f"- types built in every mode: {len(cov['types'])}",
+                  f"- covered in every mode: {_pct(len(cov['every']), len(cov['types']))}"]
+        for m, names in cov["only"].items():
+            if names:
+                lines.append(f"- covered under {m} but not in every mode ({len(names)}): {', '.join(names)}")
+    return lines

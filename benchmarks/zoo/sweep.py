@@ -9,6 +9,13 @@ ground-truth forward together), after ``--restart-every`` targets, or when its r
 target passes ``--max-rss-mb``. Writes into ``--out``:
 ``results.jsonl`` (one JSON object per target, appended as they finish), ``zoo.tsv`` and ``summary.md``
 (:mod:`summary`), and ``targets/<corpus>/<name>/`` (the target as written, its report and log).
+
+``--mode`` says how each transformers type is sized, a comma list of :data:`worker.MODES`: "careful" (the
+default: the shrink of :mod:`targets` that keeps the config's relations, a real forward as ground truth),
+"full" (the library's default config at full size, built on the meta device, audited, no forward) and
+"plain" (widths 64, 2 layers, no relation kept). Each mode's targets go to ``targets/<corpus>-<mode>/``
+(careful: ``targets/<corpus>/``) and the summary gives each mode's figures side by side. timm models are
+audited at their own (full) size in the careful mode and are not repeated in the others.
 """
 from __future__ import annotations
 
@@ -71,14 +78,29 @@ def stop_worker(worker: Worker) -> None:
             pass
 
 
+def modes(args) -> list[str]:
+    """The modes of ``--mode`` (a comma list of :data:`MODES`), in their order; raises SystemExit on an
+    unknown one."""
+    wanted = [m for m in (args.mode or "careful").split(",") if m]
+    unknown = [m for m in wanted if m not in MODES]
+    if unknown or not wanted:
+        raise SystemExit(f"--mode: unknown mode(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(MODES)}")
+    return wanted
+
+
+#: the sizes a transformers type is audited at (:data:`worker.MODES`, repeated here: the driver imports no torch)
+MODES = ("careful", "full", "plain")
+
+
 def enumerate_jobs(args) -> list[dict[str, Any]]:
-    """The sweep's targets, timm first (a smaller corpus, read first when triaging a running sweep)."""
+    """The sweep's targets, timm first (a smaller corpus, read first when triaging a running sweep), then the
+    transformers types once per mode of ``--mode`` (:func:`modes`)."""
     import targets
 
     only = set(args.only.split(",")) if args.only else None
     jobs: list[dict[str, Any]] = []
     corpora = args.corpus.split(",")
-    if "timm" in corpora:
+    if "timm" in corpora and "careful" in modes(args):
         cache = args.out / "timm_models.json"
         if cache.is_file():
             picked = json.loads(cache.read_text())
@@ -94,9 +116,11 @@ def enumerate_jobs(args) -> list[dict[str, Any]]:
         types = targets.transformers_types(only)
         if args.shuffle is not None:  # a sweep cut short is then still a fair sample
             random.Random(args.shuffle).shuffle(types)
-        jobs += [{"corpus": "transformers", "name": t} for t in types]
+        jobs += [{"corpus": "transformers", "name": t, "mode": m} for m in modes(args) for t in types]
     for job in jobs:
-        job["dir"] = str(args.out / "targets" / job["corpus"] / job["name"])
+        mode = job.setdefault("mode", "careful")
+        folder = job["corpus"] if mode == "careful" else f"{job['corpus']}-{mode}"
+        job["dir"] = str(args.out / "targets" / folder / job["name"])
     return jobs[: args.limit] if args.limit else jobs
 
 
@@ -109,7 +133,8 @@ def dispatch(worker: Worker, job: dict[str, Any]) -> None:
 
 def failure(job: dict[str, Any], kind: str, seconds: float) -> dict[str, Any]:
     """The result recorded for a target whose worker timed out or died."""
-    return {"corpus": job["corpus"], "name": job["name"], "family": job.get("family", ""), "exit": kind,
+    return {"corpus": job["corpus"], "name": job["name"], "family": job.get("family", ""),
+            "mode": job.get("mode", "careful"), "exit": kind,
             "total_s": round(seconds, 1), "error": f"{kind} after {seconds:.0f} s"}
 
 
@@ -142,7 +167,8 @@ def run(args, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         done.append(result)
         out.write(json.dumps(result) + "\n")
         out.flush()
-        print(f"[{len(done)}/{len(jobs)}] {result['corpus']} {result['name']}: exit {result.get('exit')} "
+        print(f"[{len(done)}/{len(jobs)}] {result['corpus']} {result['name']} ({result.get('mode', 'careful')}): "
+              f"exit {result.get('exit')} "
               f"{result.get('total_s', '')} s", flush=True)
         w.job = None
         w.served += 1
@@ -186,6 +212,9 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per target (default 120)")
     parser.add_argument("-j", "--jobs", type=int, default=2, help="parallel workers (default 2)")
     parser.add_argument("--out", type=Path, required=True, help="output directory (created)")
+    parser.add_argument("--mode", default="careful", help="comma list of how transformers types are sized: "
+                        "careful (relations kept, a real forward), full (library defaults, full size, meta "
+                        "only), plain (widths 64, 2 layers, no relation kept); default careful")
     parser.add_argument("--only", help="comma list of model types / timm families or model names")
     parser.add_argument("--limit", type=int, help="audit only the first N targets")
     parser.add_argument("--restart-every", type=int, default=200, help="restart a worker after N targets "

@@ -765,6 +765,34 @@ def _keep_expert_groups(d: dict[str, Any]) -> None:
             d[key] = math.gcd(value, heads)
 
 
+#: widths, depth and heads of :func:`plain_shrink_dict`
+PLAIN_WIDTH, PLAIN_LAYERS, PLAIN_HEADS = 64, 2, 4
+
+
+def plain_shrink_dict(d: dict[str, Any]) -> dict[str, Any]:
+    """Copy of a transformers config dict shrunk the plain way, keeping no relation between its keys: in the
+    dict and every nested sub-config dict, each width (:data:`_HIDDEN_KEYS`, ``*_hidden_size``,
+    :data:`_FFN_KEYS`) above :data:`PLAIN_WIDTH` becomes it, each depth (:data:`_LAYER_KEYS`) above
+    :data:`PLAIN_LAYERS` becomes it, each head count (:data:`_HEAD_KEYS`) above :data:`PLAIN_HEADS` becomes it
+    and each KV head count (:data:`_KV_KEYS`) above it too. Nothing else changes: head dims, image sizes,
+    patch and merge sizes, per-layer lists, vocabularies and the ``None`` sizes stay as the defaults give
+    them, as a user's own quick shrink of a config would leave them (the sweep's ``--mode plain``: coverage
+    where the careful shrink of :func:`shrink_config_dict` is not there to keep the model consistent)."""
+    d = copy.deepcopy(d)
+    for key, value in list(d.items()):
+        if isinstance(value, dict) and key not in ("id2label", "label2id", "rope_parameters", "rope_scaling"):
+            d[key] = plain_shrink_dict(value)
+        elif not _is_int(value):
+            continue
+        elif (_HIDDEN_KEYS.match(key) or key.endswith("_hidden_size") or _FFN_KEYS.match(key)) and value > PLAIN_WIDTH:
+            d[key] = PLAIN_WIDTH
+        elif _LAYER_KEYS.match(key) and value > PLAIN_LAYERS:
+            d[key] = PLAIN_LAYERS
+        elif (_HEAD_KEYS.match(key) or _KV_KEYS.match(key)) and value > PLAIN_HEADS:
+            d[key] = PLAIN_HEADS
+    return d
+
+
 def transformers_types(only: set[str] | None = None) -> list[str]:
     """The ``model_type`` of every AutoModel entry of the installed transformers, sorted."""
     from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES

@@ -214,11 +214,52 @@ def _fills_nothing(base: dict[str, Any]) -> bool:
         return True
 
 
+#: how a transformers type's config is sized (``--mode``): "careful" (:func:`hf_config`: the levels of
+#: :data:`targets.SHRINK_LEVELS`, relations kept, a real forward as ground truth), "full" (the config class's
+#: defaults as they are, full size: built on the meta device only, audited, no forward), "plain"
+#: (:func:`targets.plain_shrink_dict`: widths 64, 2 layers, no relation kept; a real forward where it runs)
+MODES = ("careful", "full", "plain")
+
+
+def full_size_config(model_type: str):
+    """The library's default config of ``model_type``, full size, as a user holding it would audit it: the
+    config class's defaults, only the class ``AutoModel`` builds named (:func:`targets.model_config`), and its
+    ground truth from a build on the meta device (no forward: ``fwd_norms`` None, so coverage is the report's
+    own ``complete`` or every norm module a graph site). Raises where the defaults do not build."""
+    import transformers
+
+    from normaudit.loaders.meta_init import meta_init_skipped
+
+    config = targets.model_config(transformers.CONFIG_MAPPING[model_type]())
+    with torch.device("meta"), meta_init_skipped():
+        model = build_model(config)
+    truth = {"norm_modules": forward.norm_modules(model), "fwd_norms": None, "fwd_inputs": "full-size config: no forward",
+             "params": sum(p.numel() for p in model.parameters())}
+    return config, truth
+
+
+def plain_config(model_type: str):
+    """``model_type``'s defaults through :func:`targets.plain_shrink_dict` (no relation kept) and its ground
+    truth: a real forward where the model is small enough and one runs (:func:`_level_runs`), else none.
+    Raises where the shrunk config does not build."""
+    import transformers
+
+    cls = transformers.CONFIG_MAPPING[model_type]
+    config = targets.model_config(cls.from_dict(targets.plain_shrink_dict(cls().to_dict())))
+    return config, _level_runs(config)[1]
+
+
 def write_target(job: dict[str, Any]) -> tuple[Path, str, dict[str, Any]]:
     """Write the job's target into ``job['dir']``; returns ``(target path, shrink level, facts)``, where
-    facts holds the ground truth already measured (transformers: by :func:`hf_config`) and ``shrink_errors``."""
+    facts holds the ground truth already measured (transformers: by :func:`hf_config`, or for the modes
+    "full" and "plain" by :func:`full_size_config` and :func:`plain_config`) and ``shrink_errors``."""
     out = Path(job["dir"])
     out.mkdir(parents=True, exist_ok=True)
+    mode = job.get("mode", "careful")
+    if job["corpus"] == "transformers" and mode != "careful":
+        config, truth = (full_size_config if mode == "full" else plain_config)(job["name"])
+        config.save_pretrained(out)
+        return out, mode, truth
     if job["corpus"] == "transformers":
         config, level, truth, errors = hf_config(job["name"])
         config.save_pretrained(out)
@@ -298,7 +339,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     Times (wall seconds): ``shrink_s`` (config shrink, level choice and, for transformers, the ground-truth
     forward), ``audit_s`` (normaudit), ``forward_s`` (timm's ground-truth forward), ``total_s``; ``cpu_s``
     is CPU seconds of the whole job, forked audit included."""
-    result: dict[str, Any] = {"corpus": job["corpus"], "name": job["name"], "family": job.get("family", "")}
+    result: dict[str, Any] = {"corpus": job["corpus"], "name": job["name"], "family": job.get("family", ""),
+                              "mode": job.get("mode", "careful")}
     start, cpu = time.perf_counter(), _cpu_seconds()
     try:
         target, level, facts = write_target(job)
@@ -369,7 +411,7 @@ def main() -> None:
             try:
                 result = run_job(job)
             except BaseException as err:  # noqa: BLE001 - a worker must answer every job
-                result = {"corpus": job["corpus"], "name": job["name"], "exit": "crash",
+                result = {"corpus": job["corpus"], "name": job["name"], "mode": job.get("mode", "careful"), "exit": "crash",
                           "error": f"{type(err).__name__}: {err}"[:300], "trace": traceback.format_exc()[-800:]}
         results.write(json.dumps(result) + "\n")
 

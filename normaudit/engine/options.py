@@ -39,7 +39,13 @@ class RuleOptions(BaseModel):
     ``checkpoint_only``: the target is a checkpoint without model code (only the checkpoint rules run);
     ``probes``: the opt-in probes asked for; ``capture_method``: how the model was captured (``symbolic_trace``,
     ``export``, ``parts``, ``module_walk``, ``none``), ``train_error`` what it raised in train mode before an
-    eval-mode capture, ``capture_error`` the first failed attempt's error; ``config_origin``: where the config
+    eval-mode capture, ``capture_error`` the first failed attempt's error, ``unset_config_keys`` the keys of the
+    model's own config that are None and that a failed attempt's error names (the dotted path in the config,
+    :func:`normaudit.capture.errors.unset_config_keys`; only when the whole model was not captured),
+    ``config_conflicts`` a sentence for each pair of config values the failed forward shows to disagree,
+    naming the keys (:func:`normaudit.capture.errors.rope_section_conflicts`; the same condition),
+    ``config_error`` the failed attempt's error they were read from;
+    ``config_origin``: where the config
     in force came from (``cli``, ``checkpoint``, ``library``, ``model``, None); ``library_model``: the model
     (or its config) comes from a library (transformers, diffusers, timm); ``numerics``: the ``--probe
     numerics`` section; ``suppression``: for NK901, the unused suppression comment it reports."""
@@ -54,6 +60,9 @@ class RuleOptions(BaseModel):
     capture_method: Optional[str] = None
     train_error: Optional[str] = None
     capture_error: Optional[str] = None
+    unset_config_keys: list[str] = Field(default_factory=list)
+    config_conflicts: list[str] = Field(default_factory=list)
+    config_error: Optional[str] = None
     config_origin: Optional[str] = None
     library_model: bool = False
     numerics: Optional[NumericsReport] = None

@@ -54,7 +54,33 @@ def with_placeholders(model: nn.Module, config: Any, kwargs: dict[str, Any], par
     """``kwargs`` with the placeholder tokens the model's fusion of towers needs in ``input_ids``: image
     tokens (:func:`_with_image_tokens`), then audio tokens (:func:`_with_audio_tokens`)."""
     kwargs = _with_image_positions(config, kwargs, params)
-    return _with_audio_tokens(model, config, _with_image_tokens(model, config, kwargs, params))
+    kwargs = _with_audio_tokens(model, config, _with_image_tokens(model, config, kwargs, params))
+    return _with_token_types(config, kwargs, params)
+
+
+def _video_token(config: Any) -> Optional[int]:
+    for key in ("video_token_id", "video_token_index"):
+        v = getattr(config, key, None)
+        if isinstance(v, int) and v >= 0:
+            return v
+    return None
+
+
+def _with_token_types(config: Any, kwargs: dict[str, Any], params: dict) -> dict[str, Any]:
+    """Where ``forward`` takes ``mm_token_type_ids`` and ``input_ids`` hold image or video placeholders:
+    the modality of each token, 0 text, 1 image, 2 video, as the processors of the M-RoPE models return it
+    beside ``input_ids`` (Qwen2-VL, GLM-4V: ``get_rope_index`` groups the placeholders of each image by it
+    and refuses image inputs without it). ``kwargs`` unchanged otherwise or when already given."""
+    ids = kwargs.get("input_ids")
+    if "mm_token_type_ids" not in params or "mm_token_type_ids" in kwargs or not isinstance(ids, torch.Tensor):
+        return kwargs
+    types = torch.zeros_like(ids, dtype=torch.int64)
+    for value, token in ((1, image_token(config)), (2, _video_token(config))):
+        if token is not None:
+            types[ids == token] = value
+    if not bool(types.any()):
+        return kwargs
+    return {**kwargs, "mm_token_type_ids": types}
 
 
 def _with_image_positions(config: Any, kwargs: dict[str, Any], params: dict) -> dict[str, Any]:
