@@ -23,7 +23,7 @@ from normaudit.report.model import Block, GroupNormProblem, ModelFacts, StreamEn
 from normaudit.report.numerics import CauseKind, ModuleNumerics, NumericsReport, SiteNumerics, TensorStats
 from normaudit.report.site import Site
 from normaudit.report.site_facts import (AliasReader, BatchNormFacts, BatchProbe, ConfigEps, EpsFacts, Formula,
-                                         FreezeFacts, GroupSplit, InplaceAlias, LrnArgs, ShapeMismatch, SizeProbe,
+                                         FreezeFacts, GroupSplit, InplaceAlias, LrnArgs, OnnxNode, ShapeMismatch, SizeProbe,
                                          StreamFacts, WeightStats)
 
 
@@ -64,7 +64,9 @@ class CaptureInfo(_Model):
     """
 
     #: ``parts``: the whole model could not be captured, but every norm module lies in a part captured alone
-    method: Literal["symbolic_trace", "export", "module_walk", "parts", "none"]
+    #: ``onnx``: nothing captured, the graph of an ONNX file read as it is (``normaudit.audit_onnx``)
+    method: Literal["symbolic_trace", "export", "module_walk", "parts", "none",
+                    "onnx"]
     complete: bool
     attempts: list[CaptureAttempt] = Field(default_factory=list)
     num_nodes: int = 0
@@ -91,7 +93,8 @@ class Finding(_Model):
 
 class TargetInfo(_Model):
     path: str
-    kind: Literal["python", "hf_dir", "hf_config", "checkpoint"]
+    kind: Literal["python", "hf_dir", "hf_config", "checkpoint",
+                  "onnx"]
     factory: Optional[str] = None
     config: Optional[str] = None
     checkpoint: Optional[str] = None
@@ -126,6 +129,7 @@ class Report(_Model):
 __all__ = ["AliasReader", "AxisLabel", "BatchNormFacts", "BatchProbe", "Block", "CaptureAttempt", "CaptureInfo",
            "CapturedPart", "Category", "CauseKind", "ConfigEps", "EpsFacts", "Finding", "Formula",
            "FreezeFacts", "GroupNormProblem", "GroupSplit", "InplaceAlias", "Kind", "LrnArgs", "ModelFacts",
+           "OnnxNode",
            "ModelPlacement", "ModuleNumerics", "NumericsReport", "Placement", "ROOT_LABEL", "Report",
            "SEVERITY_RANK", "Severity", "ShapeMismatch", "Site", "SiteNumerics", "SizeProbe",
            "SourceLocation", "StreamEnd", "StreamFacts", "Summary", "TargetInfo", "TensorStats",
