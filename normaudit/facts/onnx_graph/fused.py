@@ -183,8 +183,12 @@ def _lrn(g: OnnxGraph, i: int) -> OnnxSiteRecord:
     rank = g.rank(x)
     site = _base(g, i, "LocalResponseNorm", [1] if rank and rank > 1 else None, None)
     size = g.number(node, "size", 1)
-    site.lrn = LrnArgs(size=int(size) if isinstance(size, int) else 1, alpha=float(g.number(node, "alpha", 1e-4)),
-                       beta=float(g.number(node, "beta", 0.75)), k=float(g.number(node, "bias", 1.0)))
+    # the attributes are float32: read back as the decimals the model was built with (clean_eps)
+    def real(name: str, default: float) -> float:
+        return clean_eps(float(g.number(node, name, default)), "float32")
+
+    site.lrn = LrnArgs(size=int(size) if isinstance(size, int) else 1, alpha=real("alpha", 1e-4),
+                       beta=real("beta", 0.75), k=real("bias", 1.0))
     return OnnxSiteRecord(site=site, anchor=i, nodes=[i], inp=x, out=node.output[0])
 
 

@@ -12,6 +12,11 @@ from normaudit.loaders.onnx_file.tensors import TensorStore, dtype_name
 Dim = Union[int, str, None]
 #: the ONNX domains of the standard operators
 STANDARD_DOMAINS = ("", "ai.onnx")
+#: operators whose output has their first input's shape (and dtype, but for Cast): where shape inference leaves
+#: such an output unknown (the outputs of function operators such as GroupNormalization), it is copied
+SHAPE_KEEPING = ("LayerNormalization", "RMSNormalization", "GroupNormalization", "InstanceNormalization",
+                 "BatchNormalization", "LpNormalization", "LRN", "Identity", "Dropout", "Cast", "Relu", "Gelu",
+                 "Sigmoid", "Tanh", "Erf", "Softmax", "Neg", "Sqrt", "Reciprocal")
 
 
 def _value_types(graph: Any) -> dict[str, tuple[Optional[str], Optional[list[Dim]]]]:
@@ -80,12 +85,25 @@ class OnnxGraph:
                     tensors[n.output[0]] = t
         self.store = TensorStore(path, tensors)
         self.types = _value_types(graph)
+        self._fill_shapes()
         self.inputs = [i.name for i in graph.input if i.name not in tensors]
         self.outputs = [o.name for o in graph.output]
         self.opsets = {o.domain or "": int(o.version) for o in model.opset_import}
         self.file_bytes = file_bytes
         self.inferred = inferred
         self.notes = notes
+
+    def _fill_shapes(self) -> None:
+        """Copy the input's shape to the output of a :data:`SHAPE_KEEPING` node that inference left unknown."""
+        for i, n in enumerate(self.nodes):
+            if n.op_type not in SHAPE_KEEPING or not self.standard(i) or not n.input or not n.output:
+                continue
+            out, src = n.output[0], self.types.get(n.input[0])
+            if not out or src is None or src[1] is None or self.types.get(out, (None, None))[1] is not None:
+                continue
+            to = self.number(n, "to", None) if n.op_type == "Cast" else None
+            dtype = (dtype_name(to) if isinstance(to, int) else None) if n.op_type == "Cast" else src[0]
+            self.types[out] = (self.types.get(out, (None, None))[0] or dtype, list(src[1]))
 
     @property
     def bytes_read(self) -> int:
