@@ -84,6 +84,7 @@ class OnnxGraph:
                 if t is not None:
                     tensors[n.output[0]] = t
         self.store = TensorStore(path, tensors)
+        self.store.check_external()
         self.types = _value_types(graph)
         self._fill_shapes()
         self.inputs = [i.name for i in graph.input if i.name not in tensors]

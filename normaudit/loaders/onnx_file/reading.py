@@ -57,16 +57,23 @@ def check_structure(model: Any, path: str) -> None:
         raise UsageError(f"{what}: its graph has no outputs", file=path)
     defined = {i.name for i in model.graph.input} | {t.name for t in model.graph.initializer}
     defined |= {s.values.name for s in model.graph.sparse_initializer}
+    count = len(model.graph.node)
     for i, node in enumerate(model.graph.node):
         for v in node.input:
             if v and v not in defined:
-                label = node.name or f"{node.op_type}_{i}"
-                raise UsageError(f"{what}: node {label!r} ({node.op_type}) reads {v!r}, which no earlier node, "
-                                 "initializer or graph input defines", file=path)
+                raise UsageError(f"{what}: node {i} of {count}{_op_label(node.op_type)} reads a value no earlier "
+                                 "node, initializer or graph input defines", file=path)
         defined.update(v for v in node.output if v)
-    for out in model.graph.output:
+    for j, out in enumerate(model.graph.output):
         if out.name not in defined:
-            raise UsageError(f"{what}: graph output {out.name!r} is defined by no node", file=path)
+            raise UsageError(f"{what}: graph output {j} of {len(model.graph.output)} is defined by no node",
+                             file=path)
+
+
+def _op_label(op_type: str) -> str:
+    """`` (Add)`` for an operator name that is a short identifier; nothing else of a corrupt file's bytes is
+    put in a message (names and values are the file's text)."""
+    return f" ({op_type})" if op_type.isidentifier() and op_type.isascii() and len(op_type) <= 40 else ""
 
 
 def _inline(model: Any, path: str) -> Any:
@@ -78,7 +85,7 @@ def _inline(model: Any, path: str) -> Any:
     try:
         return inliner.inline_local_functions(model)
     except Exception as err:  # noqa: BLE001 - the inliner raises on malformed functions
-        raise UsageError(f"cannot inline the model's local functions (corrupt file?): {str(err)[:160]}",
+        raise UsageError(f"cannot inline the model's local functions (corrupt file?): {type(err).__name__}",
                          file=path) from None
 
 

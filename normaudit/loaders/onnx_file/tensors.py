@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from normaudit.errors import UsageError
-from normaudit.loaders.safe_read import file_kind, require_regular_file
+from normaudit.loaders.safe_read import file_kind, require_regular_file, require_within
 
 #: the most elements of one tensor read for statistics (a norm's gain has thousands; 64 Mi is far above any)
 MAX_READ_ELEMENTS = 2 ** 26
@@ -138,19 +138,36 @@ class TensorStore:
 
     def _external_path(self, tensor: str, where: str) -> Path:
         """The file an external ``location`` names, refused unless it is a relative path inside the model's
-        folder (ONNX's loader refuses the same: a model must not read ``/etc/passwd`` or ``../secret``)."""
+        folder (ONNX's loader refuses the same: a model must not read ``/etc/passwd`` or ``../secret``); a
+        symbolic link may lead only where :func:`normaudit.loaders.safe_read.require_within` allows (the
+        folder, or the blobs of a Hugging Face cache snapshot). The UsageError names both paths."""
         if not where or "\x00" in where:
             raise UsageError(f"tensor {tensor!r} is stored externally but names no file", file=str(self.model_path))
         rel = Path(where)
         if not rel.parts or rel.is_absolute() or ".." in rel.parts or where.startswith(("/", "\\")) or ":" in rel.parts[0]:
-            raise UsageError(f"tensor {tensor!r} names its external data {where!r}: only a file inside the model's "
-                             "folder is read", file=str(self.model_path))
+            named = os.path.normpath(os.path.join(os.path.abspath(self.base), where))
+            raise UsageError(f"tensor {tensor!r} names its external data {where!r}, that is {named!r}, outside the "
+                             f"model's folder {os.path.abspath(self.base)!r}: only a file inside the model's folder "
+                             "is read", file=str(self.model_path))
         path = self.base / rel
-        try:
-            inside = path.resolve().is_relative_to(self.base.resolve())
-        except (OSError, RuntimeError):
-            inside = False
-        if not inside:
-            raise UsageError(f"tensor {tensor!r} names its external data {where!r}, which leads outside the model's "
-                             "folder (a symbolic link): only a file inside it is read", file=str(self.model_path))
+        require_within(path, self.base, f"the external data of tensor {tensor!r} of {self.model_path.name!r}")
         return path
+
+    def check_external(self) -> None:
+        """Check every externally stored tensor without reading it: its file inside the model's folder
+        (:meth:`_external_path`), a regular file, and long enough for its ``offset`` and ``length`` (a
+        truncated data file is found before any tensor is read). Each file is stat'ed once. Raises UsageError."""
+        sizes: dict[str, int] = {}
+        for t in self.tensors.values():
+            if t.data_location != 1:
+                continue
+            info = {e.key: e.value for e in t.external_data}
+            where = info.get("location", "")
+            if where not in sizes:
+                path = self._external_path(t.name, where)
+                sizes[where] = require_regular_file(path, f"the external data of tensor {t.name!r}").st_size
+            offset = int(info["offset"]) if info.get("offset", "").isdigit() else 0
+            if offset + stored_bytes(t) > sizes[where]:
+                raise UsageError(f"external data of tensor {t.name!r} is truncated: {stored_bytes(t)} bytes at offset "
+                                 f"{offset} expected, the file has {sizes[where]} bytes",
+                                 file=str(self.base / where))
