@@ -260,3 +260,48 @@ def test_every_onnx_rule_is_pinned_here():
     """Each rule of ONNX_RULES has a test above naming it."""
     names = [n for n in globals() if n.startswith("test_")]
     assert [r for r in ONNX_RULES if not any(r.lower() in n for n in names)] == []
+
+
+def test_nl101_over_a_symbolic_sequence_of_token_ids(tmp_path):
+    """(batch, sequence, hidden) from an embedding of token ids, both leading dims symbolic: axis=1 mixes the
+    sequence (NL101, naming the module), axis=-1 does not."""
+    def build(axis):
+        def f(b, ids):
+            x = b.op("Gather", [b.const("embed_tokens.weight", np.eye(32, 16)), ids], "embed_tokens")
+            return norm(b, x, "LayerNormalization", "encoder.layer.0.output.LayerNorm", 16, axis=axis)
+        return f
+    paths = {}
+    for name, axis in (("tp", 1), ("tn", -1)):
+        b = Nodes()
+        out = build(axis)(b, "input_ids")
+        paths[name] = save(tmp_path / f"{name}.onnx", b.nodes, [vi("input_ids", ob.INT64, ["batch", "sequence"])],
+                           [vi(out, FLOAT, None)], b.inits)
+    assert hits(paths["tp"], "NL101") == {"encoder.layer.0.output.LayerNorm": "error"}
+    site = audit(paths["tp"]).sites[0]
+    assert (site.input_axes, site.normalized_axes) == (["batch", "sequence", "feature"], ["sequence", "feature"])
+    assert hits(paths["tn"], "NL101") == {}
+
+
+def test_ne103_ne104_eps_1e_12_in_a_float16_graph(tmp_path):
+    """1e-12 is 0 in float16: a decomposed norm without an upcast stores its eps constant in float16, so it
+    adds 0 (NE103); a BatchNormalization of a float16 input (no stash_type) holds 1e-12 but adds it in
+    float16 (NE104); the chain that casts to float32 first keeps it, as does a BatchNormalization of 1e-5."""
+    chain = ob.single(tmp_path / "chain.onnx", "rms_chain", ["batch", "sequence", 16], elem=FLOAT16, eps=1e-12)
+    upcast = ob.single(tmp_path / "upcast.onnx", "rms_chain", ["batch", "sequence", 16], elem=FLOAT16, eps=1e-12,
+                       upcast=True)
+
+    def bn(eps):
+        def f(b, x):
+            ins = [x] + [b.const(f"bn.{k}", np.full(4, v)) for k, v in
+                         (("weight", 1.0), ("bias", 0.0), ("running_mean", 0.3), ("running_var", 2.0))]
+            return b.op("BatchNormalization", ins, "bn", epsilon=eps)
+        return f
+    bn_tp = _graph(tmp_path, "bn_tp", ["batch", 4, 8, 8], bn(1e-12), elem=FLOAT16)
+    bn_tn = _graph(tmp_path, "bn_tn", ["batch", 4, 8, 8], bn(1e-5), elem=FLOAT16)
+    assert hits(chain, "NE103") == {"norm": "error"} and hits(chain, "NE104") == {}
+    assert audit(chain).sites[0].eps_facts.effective == 0.0
+    assert hits(upcast, "NE103") == {} and hits(upcast, "NE104") == {}
+    assert audit(upcast).sites[0].eps == 1e-12
+    assert hits(bn_tp, "NE104") == {"bn": "error"} and hits(bn_tn, "NE104") == {}
+    e = audit(bn_tp).sites[0].eps_facts
+    assert (e.effective, e.dtype, e.in_dtype) == (1e-12, "float16", 0.0)
