@@ -128,3 +128,15 @@ def test_external_data_missing(tmp_path, capsys):
     msg = run(capsys, path)
     assert msg.startswith(f"{tmp_path / 'm.onnx.data'}: cannot read the external data of tensor ")
     assert msg.endswith(": no such file or directory")
+
+
+def test_a_name_that_is_not_utf8(tmp_path, capsys):
+    """A node name whose bytes are no UTF-8 (protobuf returns it as bytes): refused by position."""
+    path = _good(tmp_path)
+    model = onnx.load(str(path))
+    model.graph.node[2].name = "/layers/ZZZZ/x"
+    data = model.SerializeToString()
+    assert data.count(b"ZZZZ") == 1
+    path.write_bytes(data.replace(b"ZZZZ", b"\xcb\xcb\xcb\xcb"))
+    assert run(capsys, path) == (f"{path}: not a complete ONNX model (a truncated or corrupt file?): node 2 of "
+                                 f"{len(model.graph.node)} has a name that is not UTF-8 text")

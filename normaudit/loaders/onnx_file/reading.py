@@ -57,6 +57,7 @@ def check_structure(model: Any, path: str) -> None:
         raise UsageError(f"{what}: its graph has no outputs", file=path)
     defined = {i.name for i in model.graph.input} | {t.name for t in model.graph.initializer}
     defined |= {s.values.name for s in model.graph.sparse_initializer}
+    _check_text(model, path)
     count = len(model.graph.node)
     for i, node in enumerate(model.graph.node):
         for v in node.input:
@@ -68,6 +69,33 @@ def check_structure(model: Any, path: str) -> None:
         if out.name not in defined:
             raise UsageError(f"{what}: graph output {j} of {len(model.graph.output)} is defined by no node",
                              file=path)
+
+
+def _check_text(model: Any, path: str) -> None:
+    """Refuse names that are not UTF-8 text (the ONNX format's strings are; protobuf hands a corrupt one over
+    as bytes): of the nodes (name, operator, domain, inputs, outputs, metadata), the tensors, the graph's
+    inputs and outputs, and the graph itself. The UsageError says where, never what."""
+    what = "not a complete ONNX model (a truncated or corrupt file?)"
+    graph = model.graph
+
+    def texts(*values: Any) -> bool:
+        return all(isinstance(v, str) for v in values)
+
+    if not texts(graph.name, model.producer_name, model.producer_version, model.domain):
+        raise UsageError(f"{what}: the model's or graph's name is not UTF-8 text", file=path)
+    for i, node in enumerate(graph.node):
+        if not texts(node.name, node.op_type, node.domain, *node.input, *node.output,
+                     *(v for p in node.metadata_props for v in (p.key, p.value))):
+            raise UsageError(f"{what}: node {i} of {len(graph.node)} has a name that is not UTF-8 text", file=path)
+    for kind, items in (("initializer", graph.initializer), ("graph input", graph.input),
+                        ("graph output", graph.output), ("value_info entry", graph.value_info)):
+        for i, item in enumerate(items):
+            if not texts(item.name):
+                raise UsageError(f"{what}: {kind} {i} of {len(items)} has a name that is not UTF-8 text", file=path)
+    for i, t in enumerate(graph.initializer):
+        if not texts(*(v for e in t.external_data for v in (e.key, e.value))):
+            raise UsageError(f"{what}: initializer {i} of {len(graph.initializer)} names its external data in "
+                             "bytes that are not UTF-8 text", file=path)
 
 
 def _op_label(op_type: str) -> str:
@@ -112,7 +140,9 @@ def open_onnx(path: str | Path) -> OnnxGraph:
     data = read_regular(p, "ONNX model", max_bytes=MAX_MODEL_BYTES)
     model = _parse(data, p)
     check_structure(model, p)
-    model = _inline(model, p)
+    if model.functions:
+        model = _inline(model, p)
+        _check_text(model, p)  # the nodes the functions held
     notes: list[str] = []
     model, inferred = _infer(model, notes)
     return OnnxGraph(Path(p), model, file_bytes=len(data), inferred=inferred, notes=notes)
