@@ -1,6 +1,6 @@
 """Fuzz the checkpoint and config readers through the command line: mutated files, counted outcomes.
 
-    python benchmarks/fuzz_readers.py [--cases 1000] [--seed 0] [--timeout 60] [--keep DIR]
+    python benchmarks/fuzz_readers.py [--cases 1000] [--seed 0] [--timeout 60] [--keep DIR] [--kinds onnx,...]
 
 Writes well-formed seeds (a safetensors file, a torch.save zip and legacy file, a sharded index, an HF
 config.json, JSON and YAML training configs, ONNX models with inline and external data), mutates them at
@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Optional
 
 
 def make_seeds(d: Path) -> dict[str, Path]:
@@ -116,13 +117,15 @@ def mutate(rng: random.Random, blob: bytes, text: bool) -> bytes:
     return bytes(data)
 
 
-def plan(seeds: dict[str, Path], cases: int, rng: random.Random, work: Path) -> list[tuple[str, list[str], Path]]:
-    """(kind, argv, file) per case; the files are written into ``work``."""
+def plan(seeds: dict[str, Path], cases: int, rng: random.Random, work: Path,
+         kinds: Optional[list[str]] = None) -> list[tuple[str, list[str], Path]]:
+    """(kind, argv, file) per case (of ``kinds`` only, when given); the files are written into ``work``."""
     mix = [("safetensors", "good.safetensors", 0.33), ("torch-zip", "good.pt", 0.2), ("torch-legacy", "legacy.pt", 0.1),
            ("index", "index.json", 0.1), ("config-json", "train.json", 0.1), ("config-yaml", "train.yaml", 0.1),
            ("hf-config", "config.json", 0.07)]
     if "good.onnx" in seeds:  # the onnx extra installed: a model file, and a model whose data file is mutated
         mix += [("onnx", "good.onnx", 0.1), ("onnx-external", "ext.onnx", 0.05)]
+    mix = [m for m in mix if not kinds or m[0] in kinds] or mix
     out = []
     for n in range(cases):
         kind, seed, _ = rng.choices(mix, weights=[w for *_, w in mix])[0]
@@ -208,6 +211,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per case before it counts as a hang")
     ap.add_argument("--keep", help="copy crashing and hanging cases into this folder")
+    ap.add_argument("--kinds", help="only these kinds of case, comma-separated (onnx,onnx-external,safetensors,...)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import normaudit.cli  # noqa: F401 - imported once, before forking
@@ -218,7 +222,7 @@ def main() -> int:
     try:
         (work / "seeds").mkdir()
         seeds = make_seeds(work / "seeds")
-        cases = plan(seeds, args.cases, rng, work)
+        cases = plan(seeds, args.cases, rng, work, args.kinds.split(",") if args.kinds else None)
         counts: Counter = Counter()
         by_kind: dict[str, Counter] = {}
         bad: list[tuple[str, str, Path]] = []
