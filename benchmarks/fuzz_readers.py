@@ -1,12 +1,13 @@
 """Fuzz the checkpoint and config readers through the command line: mutated files, counted outcomes.
 
-    python benchmarks/fuzz_readers.py [--cases 1000] [--seed 0] [--timeout 60] [--keep DIR]
+    python benchmarks/fuzz_readers.py [--cases 1000] [--seed 0] [--timeout 60] [--keep DIR] [--kinds onnx,...]
 
 Writes well-formed seeds (a safetensors file, a torch.save zip and legacy file, a sharded index, an HF
-config.json, JSON and YAML training configs), mutates them at random (byte flips, truncations, inserted
-spans, random header lengths, deep nesting, odd names), and runs each through ``normaudit.cli.main`` in a
+config.json, JSON and YAML training configs, ONNX models with inline and external data), mutates them at
+random (byte flips, truncations, inserted spans, random header lengths, deep nesting, odd names), and runs each through ``normaudit.cli.main`` in a
 forked child (the same path as ``normaudit FILE``, without an interpreter start per case): checkpoints as
-the TARGET, configs as ``--config`` of a checkpoint target, config.json files as HF targets.
+the TARGET, configs as ``--config`` of a checkpoint target, config.json files as HF targets, ONNX models
+(and a model beside a mutated external-data file) as the TARGET.
 
 Outcomes: ``report`` (exit 0/1, stdout a JSON report), ``exit-2`` (exactly one ``normaudit: error:`` line,
 no traceback), ``crash`` (exit 3, a signal, a traceback, or an exit 2 that is not one clean line) and
@@ -28,6 +29,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Optional
 
 
 def make_seeds(d: Path) -> dict[str, Path]:
@@ -49,7 +51,46 @@ def make_seeds(d: Path) -> dict[str, Path]:
     train = {"model": {"dim": 64, "n_layers": 2, "norm_eps": 1e-5, "layers": [{"eps": 1e-6}] * 3}, "lr": 3e-4}
     (d / "train.json").write_text(json.dumps(train))
     (d / "train.yaml").write_text("defaults: &d {norm_eps: 1.0e-5}\nmodel:\n  <<: *d\n  dim: 64\n  layers: [1, 2, 3]\n")
+    onnx_seeds(d)
     return {p.name: p for p in d.iterdir()}
+
+
+def onnx_seeds(d: Path) -> None:
+    """``good.onnx`` (a LayerNormalization, a decomposed RMSNorm and a BatchNormalization, data inline) and
+    ``ext.onnx`` with its tensors in ``ext.onnx.data``, written with ``onnx.helper``; nothing without onnx."""
+    try:
+        import numpy as np
+        import onnx
+        from onnx import helper, numpy_helper
+    except ImportError:
+        return
+    f = onnx.TensorProto.FLOAT
+    inits = [numpy_helper.from_array(np.ones(16, np.float32), "ln.weight"),
+             numpy_helper.from_array(np.zeros(16, np.float32), "ln.bias"),
+             numpy_helper.from_array(np.ones(16, np.float32), "norm.weight"),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+             numpy_helper.from_array(np.array([-1], np.int64), "axes")]
+    inits += [numpy_helper.from_array(np.full(4, v, np.float32), f"bn.{k}") for k, v in
+              (("weight", 1.0), ("bias", 0.0), ("running_mean", 0.1), ("running_var", 2.0))]
+    nodes = [helper.make_node("LayerNormalization", ["x", "ln.weight", "ln.bias"], ["h"], name="/layers.0/ln/LN",
+                              epsilon=1e-5),
+             helper.make_node("Pow", ["h", "two"], ["sq"], name="/norm/Pow"),
+             helper.make_node("ReduceMean", ["sq", "axes"], ["ms"], name="/norm/ReduceMean", keepdims=1),
+             helper.make_node("Add", ["ms", "eps"], ["mse"], name="/norm/Add"),
+             helper.make_node("Sqrt", ["mse"], ["rms"], name="/norm/Sqrt"),
+             helper.make_node("Div", ["h", "rms"], ["n"], name="/norm/Div"),
+             helper.make_node("Mul", ["n", "norm.weight"], ["y"], name="/norm/Mul"),
+             helper.make_node("BatchNormalization", ["img", "bn.weight", "bn.bias", "bn.running_mean",
+                                                     "bn.running_var"], ["z"], name="/bn/BN", epsilon=1e-5)]
+    graph = helper.make_graph(nodes, "seed", [helper.make_tensor_value_info("x", f, ["batch", "sequence", 16]),
+                                              helper.make_tensor_value_info("img", f, ["batch", 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", f, None), helper.make_tensor_value_info("z", f, None)],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.save_model(model, str(d / "good.onnx"))
+    onnx.save_model(model, str(d / "ext.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="ext.onnx.data", size_threshold=0)
 
 
 def mutate(rng: random.Random, blob: bytes, text: bool) -> bytes:
@@ -76,17 +117,25 @@ def mutate(rng: random.Random, blob: bytes, text: bool) -> bytes:
     return bytes(data)
 
 
-def plan(seeds: dict[str, Path], cases: int, rng: random.Random, work: Path) -> list[tuple[str, list[str], Path]]:
-    """(kind, argv, file) per case; the files are written into ``work``."""
+def plan(seeds: dict[str, Path], cases: int, rng: random.Random, work: Path,
+         kinds: Optional[list[str]] = None) -> list[tuple[str, list[str], Path]]:
+    """(kind, argv, file) per case (of ``kinds`` only, when given); the files are written into ``work``."""
     mix = [("safetensors", "good.safetensors", 0.33), ("torch-zip", "good.pt", 0.2), ("torch-legacy", "legacy.pt", 0.1),
            ("index", "index.json", 0.1), ("config-json", "train.json", 0.1), ("config-yaml", "train.yaml", 0.1),
            ("hf-config", "config.json", 0.07)]
+    if "good.onnx" in seeds:  # the onnx extra installed: a model file, and a model whose data file is mutated
+        mix += [("onnx", "good.onnx", 0.1), ("onnx-external", "ext.onnx", 0.05)]
+    mix = [m for m in mix if not kinds or m[0] in kinds] or mix
     out = []
     for n in range(cases):
         kind, seed, _ = rng.choices(mix, weights=[w for *_, w in mix])[0]
         blob = mutate(rng, seeds[seed].read_bytes(), text=seed.endswith((".json", ".yaml")))
         case = work / f"case{n:05d}"
         case.mkdir()
+        if kind == "onnx-external":  # the graph intact or mutated, its external data mutated
+            (case / "ext.onnx.data").write_bytes(mutate(rng, seeds["ext.onnx.data"].read_bytes(), text=False))
+            if rng.random() < 0.5:
+                blob = seeds[seed].read_bytes()
         if kind == "index":
             shutil.copy(seeds["good.safetensors"], case / "model-00001-of-00001.safetensors")
             path = case / "model.safetensors.index.json"
@@ -162,6 +211,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per case before it counts as a hang")
     ap.add_argument("--keep", help="copy crashing and hanging cases into this folder")
+    ap.add_argument("--kinds", help="only these kinds of case, comma-separated (onnx,onnx-external,safetensors,...)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import normaudit.cli  # noqa: F401 - imported once, before forking
@@ -172,7 +222,7 @@ def main() -> int:
     try:
         (work / "seeds").mkdir()
         seeds = make_seeds(work / "seeds")
-        cases = plan(seeds, args.cases, rng, work)
+        cases = plan(seeds, args.cases, rng, work, args.kinds.split(",") if args.kinds else None)
         counts: Counter = Counter()
         by_kind: dict[str, Counter] = {}
         bad: list[tuple[str, str, Path]] = []

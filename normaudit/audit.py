@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from normaudit import __version__
+from normaudit.audit_onnx import onnx_report
 from normaudit.capture import capture_model
 from normaudit.capture.errors import config_error, rope_section_conflicts, unset_config_keys
 from normaudit.capture.parts import coverage
@@ -51,12 +52,14 @@ def build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule
 
     The weights audited with the model are ``opts.checkpoint``, else those beside a Hugging Face
     ``config.json`` the model was built from; a checkpoint given as the target itself is inspected alone
-    (:func:`checkpoint_only_report`).
+    (:func:`checkpoint_only_report`), an ONNX file read as its own graph (:func:`normaudit.audit_onnx.onnx_report`).
     """
     from normaudit.loaders.checkpoint import open_checkpoint
 
     if mua.kind == "checkpoint":
         return checkpoint_only_report(opts, mua, rules)
+    if mua.kind == "onnx":
+        return onnx_report(opts, mua, rules)
     path = checkpoint_path(opts, mua)
     if path is None:
         return _build_report(opts, mua, rules, None)

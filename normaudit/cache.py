@@ -6,6 +6,7 @@ As ruff's cache does, an entry is keyed by everything the report depends on (:fu
   hit, the content of every local file the audit imported (the model's own modules, recorded by the worker:
   :func:`imported_files`), and the values of the environment variables those files read by name
   (``os.environ["X"]``, ``os.getenv("X")``: :func:`environment_read`);
+- for an ONNX file, the files beside it (its external data, a ``config.json``: :func:`beside_fingerprint`);
 - the ``--config`` file's content, and the checkpoint's headers (a safetensors header, the first and last
   MiB of other weight files) with their size and modification time, never the whole weights;
 - the audit options (dtype, batch size, selectors, input axes, probes, per-module ignores) and the current
@@ -160,9 +161,29 @@ def key_parts(opts: Any, rules: dict) -> dict[str, Any]:
     """Everything one target's report depends on (see the module docstring), as JSON-able data; ``opts`` is
     a :class:`normaudit.audit.AuditOptions`. The imported local files are checked apart (:meth:`ResultCache.get`)."""
     options = {k: v for k, v in dataclasses.asdict(opts).items() if k != "config_data"}
-    return {"format": CACHE_FORMAT, "versions": versions(), "cwd": os.getcwd(), "options": options,
-            "target": path_fingerprint(str(split_target(opts.target)[0])), "config": path_fingerprint(opts.config),
-            "checkpoint": path_fingerprint(opts.checkpoint), "rules": rules_digest(rules)}
+    target = str(split_target(opts.target)[0])
+    parts = {"format": CACHE_FORMAT, "versions": versions(), "cwd": os.getcwd(), "options": options,
+             "target": path_fingerprint(target), "config": path_fingerprint(opts.config),
+             "checkpoint": path_fingerprint(opts.checkpoint), "rules": rules_digest(rules)}
+    if target.lower().endswith(".onnx") and Path(target).is_file():
+        parts["beside"] = beside_fingerprint(Path(target))
+    return parts
+
+
+def beside_fingerprint(path: Path) -> dict[str, Optional[str]]:
+    """The files beside an ONNX model (its folder, not below it; hidden names skipped), which its audit may
+    read: its external data (ONNX writes a bare file name beside the model) and a ``config.json``. A location
+    in a subfolder is not seen: ``--no-cache`` for such a model."""
+    found: dict[str, Optional[str]] = {}
+    try:
+        names = sorted(os.listdir(path.parent or "."))
+    except OSError:
+        return found
+    for name in names[:_MAX_DIR_FILES]:
+        full = path.parent / name
+        if not name.startswith(".") and name != path.name and full.is_file():
+            found[name] = file_fingerprint(full)
+    return found
 
 
 def cache_key(opts: Any, rules: dict) -> Optional[str]:

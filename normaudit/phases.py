@@ -14,6 +14,7 @@ PHASES = {
     "build": "building the model",
     "inputs": "making the example inputs",
     "checkpoint": "reading the checkpoint",
+    "onnx": "reading the ONNX graph",
     "capture": "capturing the model",
     "facts": "deriving the facts and running the probes",
     "rules": "evaluating the rules",

@@ -6,7 +6,8 @@ module; :func:`load_model` dispatches on the target's shape:
   current directory or the environment: :func:`load_module_target`;
 - a directory holding ``config.json``, or a bare ``*.json`` config: :mod:`normaudit.loaders.hf`;
 - a checkpoint (``.safetensors``, ``.pt``, ``.pth``, ``.bin``, ``.ckpt``, ``*.index.json``, or a
-  directory of weights without ``config.json``): :func:`load_checkpoint_target`.
+  directory of weights without ``config.json``): :func:`load_checkpoint_target`;
+- an ONNX file (``.onnx``): :func:`normaudit.loaders.onnx_file.onnx_target`.
 """
 from __future__ import annotations
 
@@ -84,6 +85,10 @@ def load_model(target: str, max_params: Optional[int] = None) -> ModelUnderAudit
         if is_checkpoint_path(path):
             phase("checkpoint")
             return load_checkpoint_target(path)
+        if path.suffix.lower() == ".onnx" and not path.is_dir():
+            from normaudit.loaders.onnx_file import onnx_target
+
+            return onnx_target(path)
         if path.is_dir() or path.suffix.lower() == ".json":
             from normaudit.loaders.hf import load_hf_target
 

@@ -273,10 +273,11 @@ def _weights_section(report: Report) -> list[str]:
     if not rows:
         return []
     where = report.target.checkpoint or report.target.path
-    out = ["", f"norm parameters in the checkpoint ({where}):"]
+    holder = "graph" if report.capture.method == "onnx" else "checkpoint"
+    out = ["", f"norm parameters in the {holder} ({where}):"]
     header = ["module", "kind", "shape", "dtype", "gain mean", "std", "min", "max", "<0", "bias", "non-finite",
               "running stats", "keys"]
-    if report.capture.method == "none":  # no model to compare keys with
+    if report.capture.method in ("none", "onnx"):  # no model to compare keys with
         header, rows = header[:-1], [r[:-1] for r in rows]
     out += _table(rows, header)
     return out
@@ -311,6 +312,8 @@ def _capture_header(cap: Any) -> list[str]:
         "capture FAILED: norms found by walking modules"
     if cap.method == "none":
         how = "checkpoint inspected without model code: norms found by key name and shape, kinds guessed"
+    if cap.method == "onnx":
+        how = "ONNX graph read as it is: norms found by their operators and decomposed forms"
     failed = [f"{', '.join(methods)} failed" + (f": {reason}" if reason else "")
               for methods, reason in capture_failures(cap.attempts)]
     if failed and cap.complete:

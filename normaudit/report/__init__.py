@@ -24,8 +24,8 @@ from normaudit.report.model import (Block, GroupNormProblem, ModelFacts, Partial
 from normaudit.report.numerics import CauseKind, ModuleNumerics, NumericsReport, SiteNumerics, TensorStats
 from normaudit.report.site import Site
 from normaudit.report.site_facts import (AliasReader, BatchNormFacts, BatchProbe, ConfigEps, EpsFacts, Formula,
-                                         FreezeFacts, GroupSplit, InplaceAlias, LrnArgs, ParamEps, ShapeMismatch,
-                                         SizeProbe, StreamFacts, UnreadGain, WeightStats)
+                                         FreezeFacts, GroupSplit, InplaceAlias, LrnArgs, OnnxNode, ParamEps,
+                                         ShapeMismatch, SizeProbe, StreamFacts, UnreadGain, WeightStats)
 
 
 class CaptureAttempt(_Model):
@@ -65,7 +65,9 @@ class CaptureInfo(_Model):
     """
 
     #: ``parts``: the whole model could not be captured, but every norm module lies in a part captured alone
-    method: Literal["symbolic_trace", "export", "module_walk", "parts", "none"]
+    #: ``onnx``: nothing captured, the graph of an ONNX file read as it is (``normaudit.audit_onnx``)
+    method: Literal["symbolic_trace", "export", "module_walk", "parts", "none",
+                    "onnx"]
     complete: bool
     attempts: list[CaptureAttempt] = Field(default_factory=list)
     num_nodes: int = 0
@@ -92,7 +94,8 @@ class Finding(_Model):
 
 class TargetInfo(_Model):
     path: str
-    kind: Literal["python", "hf_dir", "hf_config", "checkpoint"]
+    kind: Literal["python", "hf_dir", "hf_config", "checkpoint",
+                  "onnx"]
     factory: Optional[str] = None
     config: Optional[str] = None
     checkpoint: Optional[str] = None
@@ -127,7 +130,7 @@ class Report(_Model):
 __all__ = ["AliasReader", "AxisLabel", "BatchNormFacts", "BatchProbe", "Block", "CaptureAttempt", "CaptureInfo",
            "CapturedPart", "Category", "CauseKind", "ConfigEps", "EpsFacts", "Finding", "Formula", "FreezeFacts",
            "GroupNormProblem", "GroupSplit", "InplaceAlias", "Kind", "LrnArgs", "ModelFacts", "ModelPlacement",
-           "ModuleNumerics", "NumericsReport", "ParamEps", "PartialCapture", "Placement", "ROOT_LABEL", "Report",
+           "ModuleNumerics", "NumericsReport", "OnnxNode", "ParamEps", "PartialCapture", "Placement", "ROOT_LABEL", "Report",
            "ResidualScale", "SEVERITY_RANK", "Severity", "ShapeMismatch", "Site", "SiteNumerics", "SizeProbe",
            "SourceLocation", "StreamEnd", "StreamFacts", "Summary", "TargetInfo", "TensorStats", "UnauditedModule",
            "UncheckedCheck", "UnreadGain", "UnusedNorm", "WeightStats"]

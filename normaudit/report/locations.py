@@ -128,6 +128,8 @@ def model_anchor(report: Report) -> Optional[SourceLocation]:
     if kind == "checkpoint":
         ckpt = checkpoint_file(report)
         return SourceLocation(file=ckpt, line=1) if ckpt else None
+    if kind == "onnx":
+        return SourceLocation(file=report.target.path, line=1)
     if kind in ("hf_dir", "hf_config"):
         path = Path(report.target.path)
         config = path / "config.json" if kind == "hf_dir" else path

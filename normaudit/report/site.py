@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, model_serializer
 
 from normaudit.report.base import AxisLabel, Kind, Placement, SourceLocation, _Model
 from normaudit.report.numerics import SiteNumerics
 from normaudit.report.site_facts import (BatchNormFacts, BatchProbe, EpsFacts, Formula, FreezeFacts, GroupSplit,
-                                         LrnArgs, SizeProbe, StreamFacts, UnreadGain, WeightStats)
+                                         LrnArgs, OnnxNode, SizeProbe, StreamFacts, UnreadGain, WeightStats)
 
 
 class Site(_Model):
@@ -23,7 +23,7 @@ class Site(_Model):
     module: str
     kind: Kind
     class_name: str
-    detected_by: Literal["module", "functional", "pattern", "module_walk", "checkpoint"]
+    detected_by: Literal["module", "functional", "pattern", "module_walk", "checkpoint", "onnx"]
     op: Optional[str] = None
     call_index: int = 0
     eps: Optional[float] = None
@@ -93,8 +93,20 @@ class Site(_Model):
     kind_basis: Optional[str] = None
     stream: StreamFacts = Field(default_factory=StreamFacts)
     batchnorm: BatchNormFacts = Field(default_factory=BatchNormFacts)
+    #: a site read from an ONNX graph: its nodes (``normaudit.facts.onnx_graph``); None, and left out of the
+    #: dumped report (:meth:`_omit_onnx`), for any other target
+    onnx: Optional[OnnxNode] = None
     #: free-form facts of passes outside normaudit (a user's own pass); normaudit's own facts are typed fields
     extra: dict[str, Any] = Field(default_factory=dict)
+
+    @model_serializer(mode="wrap")
+    def _omit_onnx(self, handler: Any) -> Any:
+        """The dumped site without ``onnx`` where it is None: the reports of the other targets keep the fields
+        they had before ONNX graphs became targets."""
+        data = handler(self)
+        if self.onnx is None and isinstance(data, dict):
+            data.pop("onnx", None)
+        return data
 
     def describe(self) -> str:
         """The norm in words a user can check against their code (rule messages read it as ``site.describe()``).
@@ -116,6 +128,10 @@ class Site(_Model):
             return f"hand-written {self.kind} {where}`{self.class_name}` ({what})"
         if self.detected_by == "module":
             return f"`{self.class_name}` (a torch.nn {self.kind} subclass: {what})"
+        if self.detected_by == "onnx":
+            node = self.onnx.node if self.onnx is not None else self.module
+            op = f"decomposed {self.kind}" if self.op == "decomposed" else f"ONNX {self.op or self.kind}"
+            return f"{op} at node `{node}` ({what})"
         found = "by its class name" if self.detected_by == "module_walk" else "by its checkpoint keys"
         eps = f", eps {self.eps:g}" if self.eps is not None else ""
         return f"`{self.class_name}` ({self.kind} {found}{eps})"

@@ -1,6 +1,6 @@
 """The fact families of a norm site, one typed record each: formula, checkpoint weights, the size and batch probes,
 eps, a hand-written GroupNorm's groups, frozen BatchNorms, LocalResponseNorm arguments, the residual stream and
-in-place aliasing, BatchNorm's batch."""
+in-place aliasing, BatchNorm's batch, the ONNX nodes of a site read from an ONNX graph."""
 from __future__ import annotations
 
 from typing import Literal, Optional
@@ -364,3 +364,19 @@ class BatchNormFacts(_Model):
     #: GroupNorm/InstanceNorm whose statistics span time: the causal convolution next to it (causal padding
     #: before it, or a Causal/causal=True module) -- ``normaudit.facts.causal``
     causal_conv: Optional[str] = None
+
+
+class OnnxNode(_Model):
+    """Where a site of an ONNX graph was read (``normaudit.facts.onnx_graph``): ``node`` the name of the ONNX
+    node it is named after (the normalisation operator, or the statistic of a decomposed norm), ``op_type``
+    that node's operator, ``nodes`` every node the site spans; ``stash_type`` the dtype the operator's
+    ``stash_type`` keeps its statistics in (None for an operator without one and for decomposed norms);
+    ``module_from`` where ``Site.module`` comes from: ``name_scopes`` (the PyTorch module path the exporter
+    recorded in the node's metadata), ``node_name`` (the scope in a ``/layers.0/norm/Op`` node name) or ``node``
+    (the node's own name: no module path recorded)."""
+
+    node: str
+    op_type: str
+    nodes: list[str] = Field(default_factory=list)
+    stash_type: Optional[str] = None
+    module_from: Literal["name_scopes", "node_name", "node"] = "node"
