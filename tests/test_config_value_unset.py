@@ -21,6 +21,15 @@ def test_a_key_set_or_not_named_is_no_unset_key():
     assert unset_config_keys(["RuntimeError: shape '[2, 8]' is invalid"], [("", {"head_dim": None})]) == []
 
 
+def test_an_attribute_read_from_none_is_no_unset_key():
+    """transformers' TVP at its zoo config: ``'NoneType' object has no attribute 'dtype'`` reads ``dtype`` from
+    some None value; that the config's ``dtype`` is None too (every PretrainedConfig's default) is no cause."""
+    error = "AttributeError: 'NoneType' object has no attribute 'dtype'"
+    assert unset_config_keys([error], [("", {"dtype": None, "sliding_window": None})]) == []
+    assert unset_config_keys([error + "; " + SLIDING], [("", {"dtype": None, "sliding_window": None})]) \
+        == ["sliding_window"]
+
+
 def test_a_key_kept_only_by_a_submodule_is_given_under_it():
     assert unset_config_keys(["TypeError: 'NoneType' for rope_theta"], [("visual", {"rope_theta": None})]) \
         == ["visual.config.rope_theta"]

@@ -33,9 +33,16 @@ _QUOTED = re.compile(r"[`'\"]([A-Za-z_][A-Za-z0-9_]*)[`'\"]")
 _SNAKE = re.compile(r"\b([A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+)\b")
 
 
+#: an attribute read from an object that lacks it (``'NoneType' object has no attribute 'dtype'``): the name is
+#: what was read from some value, not a config key that is unset, so it is not a name the error gives as cause
+_NO_ATTRIBUTE = re.compile(r"object has no attribute [`'\"]([A-Za-z_][A-Za-z0-9_]*)[`'\"]")
+
+
 def _named(error: str) -> list[str]:
-    """The identifiers ``error`` names, quoted ones first, in order, each once."""
-    names = _QUOTED.findall(error) + _SNAKE.findall(error)
+    """The identifiers ``error`` names, quoted ones first, in order, each once; the attribute of an
+    ``AttributeError`` (:data:`_NO_ATTRIBUTE`) is left out."""
+    read = set(_NO_ATTRIBUTE.findall(error))
+    names = [n for n in _QUOTED.findall(error) + _SNAKE.findall(error) if n not in read]
     return list(dict.fromkeys(names))
 
 
