@@ -19,6 +19,7 @@ from pydantic import Field
 
 from normaudit.report.base import (_Model, AxisLabel, Category, Kind, ModelPlacement, Placement, ROOT_LABEL,
                                    SEVERITY_RANK, Severity, SourceLocation)
+from normaudit.report.gguf import GgufFacts, GgufModelFacts, MissingNorm
 from normaudit.report.model import Block, GroupNormProblem, ModelFacts, StreamEnd, UnusedNorm
 from normaudit.report.numerics import CauseKind, ModuleNumerics, NumericsReport, SiteNumerics, TensorStats
 from normaudit.report.site import Site
@@ -91,12 +92,15 @@ class Finding(_Model):
 
 class TargetInfo(_Model):
     path: str
-    kind: Literal["python", "hf_dir", "hf_config", "checkpoint"]
+    kind: Literal["python", "hf_dir", "hf_config", "checkpoint",
+                  "gguf", "hub"]
     factory: Optional[str] = None
     config: Optional[str] = None
     checkpoint: Optional[str] = None
     dtype: str = "float32"
     batch_size: Optional[int] = None
+    #: a hub id (kind ``hub``): the snapshot folder (or its GGUF file) of the local cache that was audited
+    resolved: Optional[str] = None
 
 
 class Summary(_Model):
@@ -129,4 +133,5 @@ __all__ = ["AliasReader", "AxisLabel", "BatchNormFacts", "BatchProbe", "Block", 
            "ModelPlacement", "ModuleNumerics", "NumericsReport", "Placement", "ROOT_LABEL", "Report",
            "SEVERITY_RANK", "Severity", "ShapeMismatch", "Site", "SiteNumerics", "SizeProbe",
            "SourceLocation", "StreamEnd", "StreamFacts", "Summary", "TargetInfo", "TensorStats",
-           "UnauditedModule", "UnusedNorm", "WeightStats"]
+           "UnauditedModule", "UnusedNorm", "WeightStats",
+           "GgufFacts", "GgufModelFacts", "MissingNorm"]

@@ -7,6 +7,7 @@ from typing import Any, Optional
 from pydantic import Field
 
 from normaudit.report.base import Kind, ModelPlacement, Placement, SourceLocation, _Model
+from normaudit.report.gguf import GgufModelFacts
 
 
 class GroupNormProblem(_Model):
@@ -84,5 +85,7 @@ class ModelFacts(_Model):
     #: the causal attention op of the graph (a causal mask or ``is_causal``), found when a BatchNorm normalises
     #: over a sequence (``normaudit.facts.batchnorm``); None where none was looked for or found
     causal_attention: Optional[str] = None
+    #: a GGUF file: its architecture and the norms the config it was converted from implies (None elsewhere)
+    gguf: Optional[GgufModelFacts] = None
     #: free-form model-level facts of passes outside normaudit; normaudit's own facts are typed fields
     extra: dict[str, Any] = Field(default_factory=dict)
