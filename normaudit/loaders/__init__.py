@@ -6,7 +6,8 @@ module; :func:`load_model` dispatches on the target's shape:
   current directory or the environment: :func:`load_module_target`;
 - a directory holding ``config.json``, or a bare ``*.json`` config: :mod:`normaudit.loaders.hf`;
 - a checkpoint (``.safetensors``, ``.pt``, ``.pth``, ``.bin``, ``.ckpt``, ``*.index.json``, or a
-  directory of weights without ``config.json``): :func:`load_checkpoint_target`.
+  directory of weights without ``config.json``): :func:`load_checkpoint_target`;
+- a GGUF file (``.gguf``): :func:`normaudit.loaders.gguf_file.gguf_target`.
 """
 from __future__ import annotations
 
@@ -81,6 +82,11 @@ def load_model(target: str, max_params: Optional[int] = None) -> ModelUnderAudit
     if path.exists():
         from normaudit.phases import phase
 
+        if path.suffix.lower() == ".gguf" and not path.is_dir():
+            from normaudit.loaders.gguf_file import gguf_target
+
+            phase("checkpoint")
+            return gguf_target(path)
         if is_checkpoint_path(path):
             phase("checkpoint")
             return load_checkpoint_target(path)
