@@ -1,13 +1,14 @@
 """Fuzz the checkpoint and config readers through the command line: mutated files, counted outcomes.
 
-    python benchmarks/fuzz_readers.py [--cases 1000] [--seed 0] [--timeout 60] [--keep DIR] [--kinds onnx,...]
+    python benchmarks/fuzz_readers.py [--cases 1000] [--seed 0] [--timeout 60] [--keep DIR] [--only KIND ...]
 
 Writes well-formed seeds (a safetensors file, a torch.save zip and legacy file, a sharded index, an HF
-config.json, JSON and YAML training configs, ONNX models with inline and external data), mutates them at
-random (byte flips, truncations, inserted spans, random header lengths, deep nesting, odd names), and runs each through ``normaudit.cli.main`` in a
-forked child (the same path as ``normaudit FILE``, without an interpreter start per case): checkpoints as
-the TARGET, configs as ``--config`` of a checkpoint target, config.json files as HF targets, ONNX models
-(and a model beside a mutated external-data file) as the TARGET.
+config.json, JSON and YAML training configs, ONNX models with inline and external data when onnx is
+installed, a GGUF file written with ``gguf.GGUFWriter`` when gguf is), mutates them at random (byte flips,
+truncations, inserted spans, random header lengths, deep nesting, odd names), and runs each through
+``normaudit.cli.main`` in a forked child (the same path as ``normaudit FILE``, without an interpreter start per
+case): checkpoints, GGUF files and ONNX models (and a model beside a mutated external-data file) as the
+TARGET, configs as ``--config`` of a checkpoint target, config.json files as HF targets.
 
 Outcomes: ``report`` (exit 0/1, stdout a JSON report), ``exit-2`` (exactly one ``normaudit: error:`` line,
 no traceback), ``crash`` (exit 3, a signal, a traceback, or an exit 2 that is not one clean line) and
@@ -29,7 +30,6 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Optional
 
 
 def make_seeds(d: Path) -> dict[str, Path]:
@@ -52,6 +52,7 @@ def make_seeds(d: Path) -> dict[str, Path]:
     (d / "train.json").write_text(json.dumps(train))
     (d / "train.yaml").write_text("defaults: &d {norm_eps: 1.0e-5}\nmodel:\n  <<: *d\n  dim: 64\n  layers: [1, 2, 3]\n")
     onnx_seeds(d)
+    write_gguf_seed(d / "good.gguf")
     return {p.name: p for p in d.iterdir()}
 
 
@@ -93,6 +94,30 @@ def onnx_seeds(d: Path) -> None:
                     location="ext.onnx.data", size_threshold=0)
 
 
+
+def write_gguf_seed(path: Path) -> None:
+    """A small llama GGUF file (metadata with an array and a string, norms and a matrix); nothing without gguf."""
+    try:
+        import gguf
+        import numpy as np
+    except ImportError:
+        return
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_embedding_length(16)
+    w.add_head_count(2)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_token_list(["a", "b", "c"])
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(16, np.float32))
+    w.add_tensor("blk.0.attn_q.weight", np.zeros((16, 16), np.float16))
+    w.add_tensor("blk.0.ffn_norm.weight", np.ones(16, np.float32))
+    w.add_tensor("output_norm.weight", np.ones(16, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def mutate(rng: random.Random, blob: bytes, text: bool) -> bytes:
     """A few random edits of ``blob``; for text seeds also deep nesting and odd strings."""
     data = bytearray(blob)
@@ -118,14 +143,15 @@ def mutate(rng: random.Random, blob: bytes, text: bool) -> bytes:
 
 
 def plan(seeds: dict[str, Path], cases: int, rng: random.Random, work: Path,
-         kinds: Optional[list[str]] = None) -> list[tuple[str, list[str], Path]]:
-    """(kind, argv, file) per case (of ``kinds`` only, when given); the files are written into ``work``."""
+         only: tuple[str, ...] = ()) -> list[tuple[str, list[str], Path]]:
+    """(kind, argv, file) per case (of the kinds ``only`` names, else all); the files are written into ``work``."""
     mix = [("safetensors", "good.safetensors", 0.33), ("torch-zip", "good.pt", 0.2), ("torch-legacy", "legacy.pt", 0.1),
            ("index", "index.json", 0.1), ("config-json", "train.json", 0.1), ("config-yaml", "train.yaml", 0.1),
-           ("hf-config", "config.json", 0.07)]
-    if "good.onnx" in seeds:  # the onnx extra installed: a model file, and a model whose data file is mutated
-        mix += [("onnx", "good.onnx", 0.1), ("onnx-external", "ext.onnx", 0.05)]
-    mix = [m for m in mix if not kinds or m[0] in kinds] or mix
+           ("hf-config", "config.json", 0.07), ("gguf", "good.gguf", 0.15), ("onnx", "good.onnx", 0.1),
+           ("onnx-external", "ext.onnx", 0.05)]
+    mix = [m for m in mix if m[1] in seeds and (not only or m[0] in only)]  # no GGUF/ONNX seed without its package
+    if not mix:
+        raise SystemExit(f"no seed of the kinds {', '.join(only)}")
     out = []
     for n in range(cases):
         kind, seed, _ = rng.choices(mix, weights=[w for *_, w in mix])[0]
@@ -211,7 +237,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per case before it counts as a hang")
     ap.add_argument("--keep", help="copy crashing and hanging cases into this folder")
-    ap.add_argument("--kinds", help="only these kinds of case, comma-separated (onnx,onnx-external,safetensors,...)")
+    ap.add_argument("--only", nargs="+", default=(), metavar="KIND",
+                    help="fuzz only these kinds (safetensors, torch-zip, torch-legacy, index, config-json, "
+                         "config-yaml, hf-config, gguf, onnx, onnx-external)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import normaudit.cli  # noqa: F401 - imported once, before forking
@@ -222,7 +250,7 @@ def main() -> int:
     try:
         (work / "seeds").mkdir()
         seeds = make_seeds(work / "seeds")
-        cases = plan(seeds, args.cases, rng, work, args.kinds.split(",") if args.kinds else None)
+        cases = plan(seeds, args.cases, rng, work, tuple(args.only))
         counts: Counter = Counter()
         by_kind: dict[str, Counter] = {}
         bad: list[tuple[str, str, Path]] = []

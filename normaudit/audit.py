@@ -56,7 +56,7 @@ def build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule
     """
     from normaudit.loaders.checkpoint import open_checkpoint
 
-    if mua.kind == "checkpoint":
+    if mua.kind in ("checkpoint", "gguf"):
         return checkpoint_only_report(opts, mua, rules)
     if mua.kind == "onnx":
         return onnx_report(opts, mua, rules)
@@ -245,8 +245,9 @@ def _build_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rul
     info.parts, info.unaudited = parts, [u for u in unaudited if u.module not in identity]
     notes = (list(facts.notes) + list(mua.notes) + kept.notes() + _capture_notes(cap, info)
              + _numerics_notes(section))
-    target = TargetInfo(path=opts.target, kind=mua.kind, factory=mua.factory, config=opts.config,
-                        checkpoint=str(ckpt.path) if ckpt is not None else None, dtype=opts.dtype, batch_size=batch)
+    target = TargetInfo(path=opts.target, kind=target_kind(mua), factory=mua.factory, config=opts.config,
+                        checkpoint=str(ckpt.path) if ckpt is not None else None, dtype=opts.dtype, batch_size=batch,
+                        resolved=mua.resolved)
     return Report(version=__version__, target=target, capture=info, model=facts.model, sites=sites,
                   findings=findings, summary=_summary(sites, findings), notes=notes, numerics=section)
 
@@ -400,18 +401,15 @@ def checkpoint_config_source(ckpt: Any, mua: ModelUnderAudit, own_config: Option
     return ConfigSource("library" if library else "checkpoint", f"{name} (with the checkpoint)", dict(ckpt.config))
 
 
-def checkpoint_only_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule]) -> Report:
-    """A checkpoint without model code: its norms found by key name and shape
-    (:func:`normaudit.loaders.checkpoint.inspect_norm_params`), each a site with ``weights``; kinds are guesses
-    and nothing is captured (``capture.method`` ``none``)."""
+def _inspect_checkpoint(path: str) -> Any:
+    """A checkpoint's weights-only inspection (:class:`normaudit.audit_gguf.WeightsOnly`): its norms found by key
+    name and shape (:func:`normaudit.loaders.checkpoint.inspect_norm_params`), gain form unknown, the config
+    beside or inside it."""
     import math
 
+    from normaudit.audit_gguf import WeightsOnly
     from normaudit.loaders.checkpoint import inspect_norm_params, open_checkpoint
 
-    path = mua.file or opts.target
-    if opts.checkpoint and Path(opts.checkpoint).resolve() != Path(path).resolve():
-        raise UsageError("the target is a checkpoint already: give --checkpoint with a model target only",
-                         file=opts.checkpoint)
     with open_checkpoint(path) as ckpt:
         sites = [g.to_site() for g in inspect_norm_params(ckpt)]
         config, config_source = dict(ckpt.config or {}), ckpt.config_source
@@ -420,8 +418,35 @@ def checkpoint_only_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict
     for s in sites:
         s.gain_form = "unknown"
     model = ModelFacts(class_name="checkpoint only", num_parameters=num_parameters, config_source=config_source)
+    note = (f"checkpoint only ({fmt}, {tensors} tensors, {weights_path}): no model code, so norms were found by "
+            "key name and shape, kinds are guesses, eps, axes and placement are unknown and only the checkpoint "
+            "rules ran; audit the model with --checkpoint for the rest")
+    return WeightsOnly(sites=sites, config=config, config_source=config_source,
+                       config_origin="checkpoint" if config else None, model=model, notes=[note])
+
+
+def target_kind(mua: ModelUnderAudit) -> str:
+    """The report's ``target.kind``: ``hub`` for a hub id, else the kind of what was loaded."""
+    return "hub" if mua.hub else mua.kind
+
+
+def checkpoint_only_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict[str, Rule]) -> Report:
+    """Weights without model code, a checkpoint or a GGUF file: its norms found by key or tensor name
+    (:func:`_inspect_checkpoint`, :func:`normaudit.audit_gguf.inspect_gguf`), each a site with ``weights``; kinds
+    are guesses, nothing is captured (``capture.method`` ``none``) and only the checkpoint rules run."""
+    path = mua.file or opts.target
+    if opts.checkpoint and Path(opts.checkpoint).resolve() != Path(path).resolve():
+        raise UsageError("the target is a checkpoint already: give --checkpoint with a model target only",
+                         file=opts.checkpoint)
+    if mua.kind == "gguf":
+        from normaudit.audit_gguf import inspect_gguf
+
+        inspected = inspect_gguf(opts, path)
+    else:
+        inspected = _inspect_checkpoint(path)
+    sites, model, config, config_source = inspected.sites, inspected.model, inspected.config, inspected.config_source
     options = RuleOptions(dtype=opts.dtype, batch_size=opts.batch_size, checkpoint=True, capture_method="none",
-                          config_origin="checkpoint" if config else None, checkpoint_only=True)
+                          config_origin=inspected.config_origin, checkpoint_only=True)
     # Without model code only the checkpoint's own facts exist: rules over eps, axes, placement or formulas
     # would read facts that are unknown here, so only the checkpoint rules run.
     active = [r for r in rules.values() if r.category == "checkpoint" and _selected(r, opts.select, opts.ignore)]
@@ -431,15 +456,13 @@ def checkpoint_only_report(opts: AuditOptions, mua: ModelUnderAudit, rules: dict
                            options=options, target_file=None)
     findings = kept.findings
     findings.sort(key=lambda f: (-SEVERITY_RANK[f.severity], f.module, f.rule_id))
-    notes = [f"checkpoint only ({fmt}, {tensors} tensors, {weights_path}): no model code, so norms were found by "
-             "key name and shape, kinds are guesses, eps, axes and placement are unknown and only the checkpoint "
-             "rules ran; audit the model with --checkpoint for the rest"] + list(mua.notes) + kept.notes()
+    notes = inspected.notes + list(mua.notes) + kept.notes()
     if any(p.startswith("numerics") for p in opts.probes):
         notes.append("--probe numerics needs model code to run: a checkpoint alone was only inspected (give the model "
                      "file with --checkpoint)")
     summary = _summary(sites, findings)
-    target = TargetInfo(path=opts.target, kind="checkpoint", config=opts.config, checkpoint=str(path),
-                        dtype=opts.dtype, batch_size=opts.batch_size)
+    target = TargetInfo(path=opts.target, kind=target_kind(mua), config=opts.config, checkpoint=str(path),
+                        dtype=opts.dtype, batch_size=opts.batch_size, resolved=mua.resolved)
     info = CaptureInfo(method="none", complete=False, fake_tensors=False)
     return Report(version=__version__, target=target, capture=info, model=model, sites=sites, findings=findings,
                   summary=summary, notes=notes)

@@ -19,7 +19,8 @@ Entries are JSON files (the pydantic report as :meth:`~pydantic.BaseModel.model_
 pickle) under ``.normaudit_cache/`` beside the settings file (``pyproject.toml``/``normaudit.toml``), else under
 ``$XDG_CACHE_HOME/normaudit`` (``~/.cache/normaudit``); the settings key ``cache = "DIR"`` names another
 directory (relative to the settings file), ``$NORMAUDIT_CACHE_DIR`` overrides all of these, and ``--no-cache``,
-``NORMAUDIT_NO_CACHE=1`` or ``cache = false`` bypass the cache (:func:`cache_root`). A directory inside site-packages is never used. Only reports are stored
+``NORMAUDIT_NO_CACHE=1`` or ``cache = false`` bypass the cache (:func:`cache_root`). A hub id target is never cached (the local
+cache's ``refs`` may lead the same id to another snapshot). A directory inside site-packages is never used. Only reports are stored
 (a target that fails is audited again), and never those of ``--probe numerics``. A cache that cannot be read or written is skipped: a miss, a note
 with ``-v`` at most. Files the model's code opens itself (data files read by ``build_model()``) are not part of
 the key: use ``--no-cache`` for such models.
@@ -189,11 +190,18 @@ def beside_fingerprint(path: Path) -> dict[str, Optional[str]]:
 def cache_key(opts: Any, rules: dict) -> Optional[str]:
     """The key of one target's entry (a hex digest of :func:`key_parts`); None (never cached) when a part
     cannot be expressed: an in-memory config (``opts.config_data``), or a ``--probe numerics`` run, a
-    measurement of a real run on whatever device is there (CUDA when available), not a function of the files."""
+    measurement of a real run on whatever device is there (CUDA when available), not a function of the files,
+    or a hub id (its snapshot is looked up anew each run)."""
     if getattr(opts, "config_data", None) is not None:
         return None
     if any(p.startswith("numerics") for p in getattr(opts, "probes", []) or []):
         return None
+    target = str(split_target(opts.target)[0])
+    if not os.path.lexists(target):
+        from normaudit.loaders.hub import is_hub_id  # deferred: the loaders import yaml, not needed otherwise
+
+        if is_hub_id(target):  # a hub id: which snapshot it reads can change under the same name, never cached
+            return None
     return _sha(json.dumps(key_parts(opts, rules), sort_keys=True, default=str).encode())
 
 

@@ -19,6 +19,8 @@ must make of it; every key but ``rule`` and ``flagged`` is optional::
          "config": "NE101_2.json",             # a file beside the fixture
          "checkpoint": "w.safetensors",        # written by make_checkpoint(build_model(), <tmp>/w.safetensors)
                                                #   after torch.manual_seed(0)
+         "gguf": "m.gguf",                     # the target is <tmp>/m.gguf, written by make_gguf(<tmp>/m.gguf)
+                                               #   (the fixture needs no build_model())
          "requires": ["transformers"],         # the case is skipped when one of these cannot be imported
          # what else the report must say
          "message_has": ["eps=1e-06"],         # substrings of the message of some finding of the rule
@@ -36,8 +38,8 @@ must make of it; every key but ``rule`` and ``flagged`` is optional::
     ]
 
 Every finding of the rule is also checked to be of the rule's category (the folder of its file in rules/), to
-carry a fix and to have no unfilled template ("{", "None") in its text; with a checkpoint, every flagged
-module is a site with checkpoint weights. Cases of one file with the same audit share one report.
+carry a fix and to have no unfilled template ("{", "None") in its text; with a checkpoint or a GGUF file, every
+module a rule of site scope flags is a site with checkpoint weights. Cases of one file with the same audit share one report.
 
 The audit runs the rules :func:`audit_rules` names for the fixture's folder: a family's fixtures must not
 depend on other families' rules, but layout and batchnorm share theirs (NL107's fixtures pin that NB102
@@ -64,7 +66,7 @@ FIXTURE_FILES = sorted(p for p in FIXTURES.glob("*/N*.py") if FIXTURE_NAME.fullm
 SEVERITIES = ("info", "warning", "error")
 RANK = {s: i for i, s in enumerate(SEVERITIES)}
 #: the keys that choose the audit (the rest say what the report must hold)
-AUDIT_KEYS = ("factory", "config", "checkpoint", "dtype", "probes", "batch_size")
+AUDIT_KEYS = ("factory", "config", "checkpoint", "dtype", "probes", "batch_size", "gguf")
 CASE_KEYS = {"rule", "flagged", "not_flagged", "requires", "message_has", "fix_has", "also_silent", "silent",
              "source", "model", "placement", "axes", "input_axes", "channel_axes", "capture", "keys",
              "gain_form", *AUDIT_KEYS}
@@ -126,6 +128,9 @@ def audit_fixture(path: Path, rules, tmp_path: Path, index: int = 0):
         module.make_checkpoint(module.build_model(), ckpt)
         kwargs["checkpoint"] = str(ckpt)
     target = f"{path}:{case['factory']}" if "factory" in case else path
+    if "gguf" in case:
+        target = tmp_path / case["gguf"]
+        load_fixture_module(path).make_gguf(target)
     return audit_file(target, rules, **kwargs), case
 
 
@@ -175,7 +180,7 @@ def _check_findings(report, case, got: dict[str, list]) -> None:
     for module, want in case.get("source", {}).items():
         for f in got[module]:
             assert f.source is not None and f"{Path(f.source.file).name}:{f.source.line}" == want, (module, f.source)
-    if "checkpoint" in case:
+    if "checkpoint" in case or ("gguf" in case and shipped_rules()[rule].scope == "site"):
         for module in got:
             assert site(report, module).weights is not None, module
     for other in case.get("also_silent", []):

@@ -7,7 +7,10 @@ module; :func:`load_model` dispatches on the target's shape:
 - a directory holding ``config.json``, or a bare ``*.json`` config: :mod:`normaudit.loaders.hf`;
 - a checkpoint (``.safetensors``, ``.pt``, ``.pth``, ``.bin``, ``.ckpt``, ``*.index.json``, or a
   directory of weights without ``config.json``): :func:`load_checkpoint_target`;
-- an ONNX file (``.onnx``): :func:`normaudit.loaders.onnx_file.onnx_target`.
+- an ONNX file (``.onnx``): :func:`normaudit.loaders.onnx_file.onnx_target`;
+- a GGUF file (``.gguf``): :func:`normaudit.loaders.gguf_file.gguf_target`;
+- a Hugging Face hub id ``org/name[@revision]`` that is no existing path: its snapshot folder in the local cache
+  (:mod:`normaudit.loaders.hub`), loaded as above; nothing is downloaded.
 """
 from __future__ import annotations
 
@@ -82,6 +85,11 @@ def load_model(target: str, max_params: Optional[int] = None) -> ModelUnderAudit
     if path.exists():
         from normaudit.phases import phase
 
+        if path.suffix.lower() == ".gguf" and not path.is_dir():
+            from normaudit.loaders.gguf_file import gguf_target
+
+            phase("checkpoint")
+            return gguf_target(path)
         if is_checkpoint_path(path):
             phase("checkpoint")
             return load_checkpoint_target(path)
@@ -96,6 +104,10 @@ def load_model(target: str, max_params: Optional[int] = None) -> ModelUnderAudit
             return load_hf_target(path)
         raise UsageError("unsupported target: give a model .py file (model.py or model.py:factory), a directory "
                          "with a Hugging Face config.json, a config.json, or package.module:factory", file=str(path))
+    from normaudit.loaders.hub import is_hub_id, load_hub_target
+
+    if is_hub_id(target):  # a path that exists was dispatched above: a path always wins over an id
+        return load_hub_target(target, lambda entry: load_model(entry, max_params))
     m = _MODULE_SPEC.match(target)
     if m and (":" in target or "." in target) and "/" not in target and "\\" not in target:
         return load_module_target(m.group(1), m.group(2) or "build_model", max_params)

@@ -31,3 +31,6 @@ class ModelUnderAudit:
     notes: list[str] = field(default_factory=list)
     #: the factory itself (Python targets), for probes that rebuild the model with its real initialisation
     build_fn: Any = None
+    #: a Hugging Face hub id target (``org/name@revision``) and what of the local cache it resolved to
+    hub: Optional[str] = None
+    resolved: Optional[str] = None

@@ -19,6 +19,7 @@ from pydantic import Field
 
 from normaudit.report.base import (_Model, AxisLabel, Category, Kind, ModelPlacement, Placement, ROOT_LABEL,
                                    SEVERITY_RANK, Severity, SourceLocation)
+from normaudit.report.gguf import GgufFacts, GgufModelFacts, MissingNorm
 from normaudit.report.model import (Block, GroupNormProblem, ModelFacts, PartialCapture, ResidualScale, StreamEnd,
                                     UncheckedCheck, UnusedNorm)
 from normaudit.report.numerics import CauseKind, ModuleNumerics, NumericsReport, SiteNumerics, TensorStats
@@ -95,12 +96,14 @@ class Finding(_Model):
 class TargetInfo(_Model):
     path: str
     kind: Literal["python", "hf_dir", "hf_config", "checkpoint",
-                  "onnx"]
+                  "onnx", "gguf", "hub"]
     factory: Optional[str] = None
     config: Optional[str] = None
     checkpoint: Optional[str] = None
     dtype: str = "float32"
     batch_size: Optional[int] = None
+    #: a hub id (kind ``hub``): the snapshot folder (or its GGUF file) of the local cache that was audited
+    resolved: Optional[str] = None
 
 
 class Summary(_Model):
@@ -129,7 +132,8 @@ class Report(_Model):
 
 __all__ = ["AliasReader", "AxisLabel", "BatchNormFacts", "BatchProbe", "Block", "CaptureAttempt", "CaptureInfo",
            "CapturedPart", "Category", "CauseKind", "ConfigEps", "EpsFacts", "Finding", "Formula", "FreezeFacts",
-           "GroupNormProblem", "GroupSplit", "InplaceAlias", "Kind", "LrnArgs", "ModelFacts", "ModelPlacement",
+           "GgufFacts", "GgufModelFacts",
+           "GroupNormProblem", "GroupSplit", "InplaceAlias", "Kind", "LrnArgs", "MissingNorm", "ModelFacts", "ModelPlacement",
            "ModuleNumerics", "NumericsReport", "OnnxNode", "ParamEps", "PartialCapture", "Placement", "ROOT_LABEL", "Report",
            "ResidualScale", "SEVERITY_RANK", "Severity", "ShapeMismatch", "Site", "SiteNumerics", "SizeProbe",
            "SourceLocation", "StreamEnd", "StreamFacts", "Summary", "TargetInfo", "TensorStats", "UnauditedModule",

@@ -7,6 +7,7 @@ from typing import Any, Literal, Optional
 from pydantic import Field
 
 from normaudit.report.base import Kind, ModelPlacement, Placement, SourceLocation, _Model
+from normaudit.report.gguf import GgufModelFacts
 
 
 class GroupNormProblem(_Model):
@@ -126,5 +127,7 @@ class ModelFacts(_Model):
     #: GroupNorm/InstanceNorm's statistics span a sequence or depth axis (``normaudit.facts.causal``); None
     #: where none was looked for or found
     causal_time: Optional[str] = None
+    #: a GGUF file: its architecture and the norms the config it was converted from implies (None elsewhere)
+    gguf: Optional[GgufModelFacts] = None
     #: free-form model-level facts of passes outside normaudit; normaudit's own facts are typed fields
     extra: dict[str, Any] = Field(default_factory=dict)

@@ -7,6 +7,7 @@ from typing import Any, Literal, Optional
 from pydantic import Field, model_serializer
 
 from normaudit.report.base import AxisLabel, Kind, Placement, SourceLocation, _Model
+from normaudit.report.gguf import GgufFacts
 from normaudit.report.numerics import SiteNumerics
 from normaudit.report.site_facts import (BatchNormFacts, BatchProbe, EpsFacts, Formula, FreezeFacts, GroupSplit,
                                          LrnArgs, OnnxNode, SizeProbe, StreamFacts, UnreadGain, WeightStats)
@@ -91,6 +92,8 @@ class Site(_Model):
     #: a checkpoint alone: the kind is a guess from the keys (``kind_basis`` says which keys)
     kind_guessed: bool = False
     kind_basis: Optional[str] = None
+    #: a norm tensor of a GGUF file: what the file and the config it was converted from say of it (None elsewhere)
+    gguf: Optional[GgufFacts] = None
     stream: StreamFacts = Field(default_factory=StreamFacts)
     batchnorm: BatchNormFacts = Field(default_factory=BatchNormFacts)
     #: a site read from an ONNX graph: its nodes (``normaudit.facts.onnx_graph``); None, and left out of the
