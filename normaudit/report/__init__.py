@@ -132,9 +132,9 @@ class Report(_Model):
 
 __all__ = ["AliasReader", "AxisLabel", "BatchNormFacts", "BatchProbe", "Block", "CaptureAttempt", "CaptureInfo",
            "CapturedPart", "Category", "CauseKind", "ConfigEps", "EpsFacts", "Finding", "Formula", "FreezeFacts",
-           "GgufFacts", "GgufModelFacts",
-           "GroupNormProblem", "GroupSplit", "InplaceAlias", "Kind", "LrnArgs", "MissingNorm", "ModelFacts", "ModelPlacement",
-           "ModuleNumerics", "NumericsReport", "OnnxNode", "ParamEps", "PartialCapture", "Placement", "ROOT_LABEL", "Report",
-           "ResidualScale", "SEVERITY_RANK", "Severity", "ShapeMismatch", "Site", "SiteNumerics", "SizeProbe",
-           "SourceLocation", "StreamEnd", "StreamFacts", "Summary", "TargetInfo", "TensorStats", "UnauditedModule",
-           "UncheckedCheck", "UnreadGain", "UnusedNorm", "WeightStats"]
+           "GgufFacts", "GgufModelFacts", "GroupNormProblem", "GroupSplit", "InplaceAlias", "Kind", "LrnArgs",
+           "MissingNorm", "ModelFacts", "ModelPlacement", "ModuleNumerics", "NumericsReport", "OnnxNode", "ParamEps",
+           "PartialCapture", "Placement", "ROOT_LABEL", "Report", "ResidualScale", "SEVERITY_RANK", "Severity",
+           "ShapeMismatch", "Site", "SiteNumerics", "SizeProbe", "SourceLocation", "StreamEnd", "StreamFacts",
+           "Summary", "TargetInfo", "TensorStats", "UnauditedModule", "UncheckedCheck", "UnreadGain", "UnusedNorm",
+           "WeightStats"]
