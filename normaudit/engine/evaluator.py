@@ -376,8 +376,11 @@ def evaluate(rules: Iterable[Rule], sites: list[Site], model: ModelFacts, config
     (:func:`site_reads`: identical blocks of a deep stack differ in their module path only, which most rules
     never read); the outcome (when, severity, ``let`` values) is then the outcome on each site of the class,
     whose message, fix and ``module_expr`` are filled from that site. Sites are visited in order, so a failing
-    rule fails on the first site it fails on, as when evaluated site by site."""
+    rule fails on the first site it fails on, as when evaluated site by site. A module called at two places
+    is two sites; a rule that says the same of both (same module, severity and message) gives one finding,
+    at the first call: one entry per rule hit per module."""
     findings: list[Finding] = []
+    said: set[tuple] = set()
     base = {"model": model, "sites": sites, "config": _ns(config or {}), "config_source": config_source or "the config",
             "options": RuleOptions.of(options)}
     memo: dict = {}  # (id(site), chain) -> canonical value, shared by the rules (``sites`` lives through the call)
@@ -410,7 +413,9 @@ def evaluate(rules: Iterable[Rule], sites: list[Site], model: ModelFacts, config
             except Exception as exc:  # noqa: BLE001 - surfaced as an internal error naming the rule
                 where = site.module if site is not None else "model"
                 raise RuleError(f"rule {rule.id} failed on {where or '<root>'}: {type(exc).__name__}: {exc}") from exc
-            findings.append(finding)
+            if (said_key := (rule.id, finding.module, finding.severity, finding.message)) not in said:
+                said.add(said_key)
+                findings.append(finding)
     return findings
 
 
