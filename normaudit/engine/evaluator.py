@@ -377,8 +377,8 @@ def evaluate(rules: Iterable[Rule], sites: list[Site], model: ModelFacts, config
     never read); the outcome (when, severity, ``let`` values) is then the outcome on each site of the class,
     whose message, fix and ``module_expr`` are filled from that site. Sites are visited in order, so a failing
     rule fails on the first site it fails on, as when evaluated site by site. A module called at two places
-    is two sites; a rule that says the same of both (same module, severity and message) gives one finding,
-    at the first call: one entry per rule hit per module."""
+    is two sites; a rule that says the same of both (same module, severity, message and source line) gives one
+    finding, at the first call: one entry per rule hit per module and line."""
     findings: list[Finding] = []
     said: set[tuple] = set()
     base = {"model": model, "sites": sites, "config": _ns(config or {}), "config_source": config_source or "the config",
@@ -413,7 +413,8 @@ def evaluate(rules: Iterable[Rule], sites: list[Site], model: ModelFacts, config
             except Exception as exc:  # noqa: BLE001 - surfaced as an internal error naming the rule
                 where = site.module if site is not None else "model"
                 raise RuleError(f"rule {rule.id} failed on {where or '<root>'}: {type(exc).__name__}: {exc}") from exc
-            if (said_key := (rule.id, finding.module, finding.severity, finding.message)) not in said:
+            where = (finding.source.file, finding.source.line) if finding.source is not None else None
+            if (said_key := (rule.id, finding.module, finding.severity, finding.message, where)) not in said:
                 said.add(said_key)
                 findings.append(finding)
     return findings
