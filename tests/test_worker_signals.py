@@ -86,6 +86,13 @@ def _no_spinning_leftovers(tmp_path):
             os.kill(int(text), signal.SIGKILL)
 
 
+def _default_sigint() -> None:
+    """Run the command as a terminal's foreground job is run: SIGINT at its default action. A suite started in
+    the background (``pytest &`` in a script) inherits SIGINT ignored, and Python keeps an ignored SIGINT
+    ignored, so the command would never hear the signal this test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(tmp_path: Path, names: list[str], *extra: str) -> subprocess.Popen:
     for n in names:
         (tmp_path / f"{n}.py").write_text(SPIN)
@@ -93,7 +100,8 @@ def _start(tmp_path: Path, names: list[str], *extra: str) -> subprocess.Popen:
     env.pop("NORMAUDIT_DEBUG", None)
     proc = subprocess.Popen([sys.executable, "-m", "normaudit", *[f"{n}.py" for n in names], "--isolated",
                              "--no-cache", *extra], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            preexec_fn=_default_sigint)
     _STARTED.append(proc)
     return proc
 
