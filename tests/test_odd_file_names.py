@@ -97,3 +97,73 @@ def test_internal_error_through_the_command_keeps_the_worker_frames(tmp_path):
     assert proc.returncode == 3
     assert proc.stderr.splitlines() == ["normaudit: internal error: ZeroDivisionError: inside the worker (set "
                                         "NORMAUDIT_DEBUG=1 for a traceback)"]
+
+
+#: a hand-written RMSNorm: a pattern site, whose source lines come from the recorded stack trace
+HAND_WRITTEN = textwrap.dedent('''\
+    import torch
+    from torch import nn
+
+
+    class RMS(nn.Module):
+        def __init__(self, d, eps=1e-6):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(d))
+            self.eps = eps
+
+        def forward(self, x):
+            v = x.pow(2).mean(-1, keepdim=True)
+            return x * torch.rsqrt(v + self.eps) * self.w
+
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(16, 16)
+            self.norm = RMS(16)
+
+        def forward(self, x):
+            return self.norm(self.lin(x))
+
+
+    def build_model():
+        return M()
+
+
+    def example_inputs():
+        return (torch.randn(2, 16),)
+''')
+
+
+@pytest.mark.parametrize("name", ["new\nline.py", 'qu"ote\nd.py'])
+def test_a_hand_written_norm_in_an_odd_name_keeps_its_source_lines(tmp_path, name):
+    """The stack trace fx records writes the file name unescaped, so a newline splits its frame over two
+    lines; the site's lines still come from it, and the cached second run gives the same report."""
+    (tmp_path / name).write_text(HAND_WRITTEN)
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", NORMAUDIT_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("NORMAUDIT_DEBUG", None)
+    env.pop("NORMAUDIT_NO_CACHE", None)
+    reports = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-m", "normaudit", name, "--isolated", "--format", "json"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0, proc.stderr
+        reports.append(json.loads(proc.stdout))
+    assert reports[0]["sites"] == reports[1]["sites"]
+    (site,) = reports[0]["sites"]
+    assert (site["module"], site["kind"], site["detected_by"], site["eps"]) == ("norm", "RMSNorm", "pattern", 1e-6)
+    assert site["source"]["line"] == 20 and site["call"]["line"] == 23
+    assert site["computation"]["line"] == 12
+    assert {site[k]["file"] for k in ("source", "call", "computation")} == {str(tmp_path / name)}
+
+
+def test_trace_frames_reads_a_name_with_a_newline_as_one_frame():
+    import traceback
+
+    from normaudit.loaders.pyfile import trace_frames
+
+    summary = traceback.StackSummary.from_list([("/m/a\nb.py", 7, "forward", "return x * s"),
+                                                ("/m/c.py", 3, "f", "")])
+    frames = trace_frames("".join(summary.format()), user_only=False)
+    assert [(f.file, f.line, f.code) for f in frames] == [("/m/a\nb.py", 7, "return x * s"), ("/m/c.py", 3, "")]
+    assert trace_frames("not a stack trace\n", user_only=False) == [] and trace_frames(None) == []

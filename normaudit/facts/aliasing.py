@@ -54,6 +54,7 @@ from typing import Any, Optional
 from torch import fx
 
 from normaudit.facts.context import FactContext, Facts
+from normaudit.loaders.pyfile import trace_frames
 from normaudit.report import InplaceAlias
 from normaudit.vocabulary.dtypes import AUDIT_DTYPES, dtype_name
 from normaudit.vocabulary.graph import dtype, op_name, owner
@@ -83,15 +84,8 @@ _AUG_OPS = {operator.add: ast.Add, operator.sub: ast.Sub, operator.mul: ast.Mult
 
 def _code_line(node: fx.Node) -> Optional[str]:
     """The source text of the innermost frame outside torch/normaudit in the node's recorded stack trace."""
-    from normaudit.loaders.pyfile import is_tool_file
-
-    lines = (node.meta.get("stack_trace") or "").splitlines()
-    text = None
-    for i, line in enumerate(lines):
-        line = line.strip()
-        if line.startswith('File "') and not is_tool_file(line[6:line.find('"', 6)]) and i + 1 < len(lines):
-            text = lines[i + 1].strip()
-    return text
+    frames = trace_frames(node.meta.get("stack_trace"))
+    return frames[-1].code if frames and frames[-1].code else None
 
 
 def mark_augmented(gm: fx.GraphModule) -> int:

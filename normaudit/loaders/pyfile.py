@@ -13,6 +13,7 @@ import functools
 import hashlib
 import importlib.util
 import os
+import re
 import site
 import sys
 import sysconfig
@@ -326,6 +327,38 @@ def is_tool_file(filename: str) -> bool:
     files: frames a recorded stack trace skips to reach the model's code."""
     path = _resolved(filename)
     return path is None or _under(path, tool_roots())
+
+
+#: One frame of a formatted stack trace (``traceback.format_list``, as fx records it in ``node.meta["stack_trace"]``):
+#: ``  File "<name>", line <n>, in <function>`` and, where the source was found, the code line after it. The name
+#: may hold any character a path can, a newline or a quote included, so it ends at the last ``", line <n>, in ``
+#: of its frame, not at the first quote or at the end of a line.
+_FRAME = re.compile(r'^ *File "(?P<file>.*?)", line (?P<line>\d+), in [^\n]*(?:\n(?P<code>(?! *File ")[^\n]*))?',
+                    re.DOTALL | re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class TraceFrame:
+    """One frame of a recorded stack trace: the file as Python named it, its 1-based line and the stripped
+    source text of that line ('' where the trace holds none)."""
+
+    file: str
+    line: int
+    code: str
+
+
+def trace_frames(stack_trace: Optional[str], user_only: bool = True) -> list[TraceFrame]:
+    """The frames of a stack trace as fx records it (``node.meta["stack_trace"]``), outermost first; with
+    ``user_only`` the frames of torch and normaudit (:func:`is_tool_file`) are left out. A file name with a
+    newline or a quote in it is one frame (the traceback module writes names unescaped); text that is not a
+    frame is skipped, never an error."""
+    frames = []
+    for m in _FRAME.finditer(stack_trace or ""):
+        name = m.group("file")
+        if user_only and is_tool_file(name):
+            continue
+        frames.append(TraceFrame(file=name, line=int(m.group("line")), code=(m.group("code") or "").strip()))
+    return frames
 
 
 def _caller_location(target: Optional[Path] = None) -> Optional[SourceLocation]:

@@ -8,6 +8,7 @@ from typing import Any, Optional
 import torch
 from torch import fx, nn
 
+from normaudit.loaders.pyfile import trace_frames
 from normaudit.report import Site, SourceLocation
 from normaudit.vocabulary.dtypes import dtype_name
 
@@ -40,23 +41,7 @@ def location(node: Optional[fx.Node], skip_inner: int = 0) -> Optional[SourceLoc
     frames further out (1 gives the caller of a hand-written norm's ``forward``)."""
     if node is None:
         return None
-    st = node.meta.get("stack_trace")
-    if not st:
-        return None
-    from normaudit.loaders.pyfile import is_tool_file
-
-    frames: list[SourceLocation] = []
-    for line in st.splitlines():
-        line = line.strip()
-        if line.startswith('File "'):
-            fname = line[6:line.index('"', 6)]
-            if is_tool_file(fname):  # torch/normaudit by their real roots, not a substring of the path
-                continue
-            try:
-                lineno = int(line.split(", line ")[1].split(",")[0])
-            except (IndexError, ValueError):
-                continue
-            frames.append(SourceLocation(file=fname, line=lineno))
+    frames = [SourceLocation(file=f.file, line=f.line) for f in trace_frames(node.meta.get("stack_trace"))]
     if not frames:
         return None
     return frames[max(0, len(frames) - 1 - skip_inner)]
