@@ -17,12 +17,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_committed_docs_are_current():
     """The committed docs/rules/ is what the rule files generate: after adding or editing a rule, run
-    ``python -m normaudit.docs``."""
+    ``python -m normaudit docs``."""
     if builtin_rules_dir().name == "_rules":
         pytest.skip("an installed normaudit: docs/ is in the source checkout only")
     assert default_locations() == (None, ROOT / DOCS_DIR)
     stale = stale_pages(ROOT / DOCS_DIR, generate())
-    assert stale == [], f"stale rule docs {stale}: run 'python -m normaudit.docs'"
+    assert stale == [], f"stale rule docs {stale}: run 'python -m normaudit docs'"
 
 
 def test_every_shipped_rule_has_a_page_and_an_index_row():

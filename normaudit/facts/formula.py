@@ -392,7 +392,8 @@ def _cast_facts(rec: SiteRecord, f: Formula, g: _GainReader) -> None:
 
 def run(ctx: FactContext, facts: Facts) -> None:
     """Pass ``formula``: ``site.formula`` of every site whose computation the graph shows (see the module
-    docstring); the numeric confirmation (:mod:`normaudit.probes.formula_confirm`) and the text
+    docstring), and ``site.eps`` of a hand-written norm whose eps is added outside the square root where site
+    discovery found none; the numeric confirmation (:mod:`normaudit.probes.formula_confirm`) and the text
     (:func:`run_text`) come after. Nothing in the graph or the models is modified."""
     cap = ctx.cap
     g = _GainReader(list(cap.user_inputs))
