@@ -311,9 +311,24 @@ def _failures(rs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _uncovered(rs: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines naming each built target that is not :func:`covered`: its cause (:data:`CAUSES`), the last
+    capture error and the line of library code it was raised from, so a library limitation is named by its line."""
+    lines = []
+    for r in rs:
+        cause = uncovered_cause(r)
+        if cause is None or cause == CAUSES[0]:
+            continue
+        error = " ".join(str(r.get("capture_error") or r.get("error") or "").split())[:160]
+        where = f" (at `{r['capture_location']}`)" if r.get("capture_location") else ""
+        lines.append(f"- `{r['name']}` ({mode(r)}): {cause}: {error}{where}")
+    return lines
+
+
 def write_markdown(results: Iterable[dict[str, Any]], path: Path, wall_file: Optional[Path] = None) -> None:
     """``summary.md``: one table (a row per figure of :func:`corpus_figures`, a column per corpus), then per
-    corpus the warning/error findings by rule with the models named, and the failed targets."""
+    corpus the warning/error findings by rule with the models named, the built targets not covered (cause,
+    error, library line) and the failed targets."""
     rs = latest(results)
     corpora = list(dict.fromkeys(column(r) for r in rs))
     by_corpus = {c: [r for r in rs if column(r) == c] for c in corpora}
@@ -330,6 +345,9 @@ def write_markdown(results: Iterable[dict[str, Any]], path: Path, wall_file: Opt
         rules = findings_by_rule(by_corpus[corpus])
         lines += ["| rule | severity | models | names |", "|---|---|---|---|"] if rules else ["none"]
         lines += [f"| {rule} | {sev} | {len(names)} | {', '.join(names)} |" for rule, sev, names in rules]
+        uncovered = _uncovered(by_corpus[corpus])
+        if uncovered:
+            lines += ["", f"## {corpus}: built, not covered: the cause and the library's line", ""] + uncovered
         failed = _failures(by_corpus[corpus])
         if failed:
             lines += ["", f"## {corpus}: not built, crashed, timed out, refused", ""] + failed

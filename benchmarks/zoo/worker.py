@@ -23,7 +23,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -277,6 +277,20 @@ def run_normaudit(target: Path, report: Path) -> int:
     return main([str(target), "--format", "json", "-o", str(report)])
 
 
+def library_line(location: Optional[dict[str, Any]]) -> str:
+    """``file:line`` of a capture failure's location (the report's ``capture.attempts[].location``), the file
+    relative to the site-packages folder it lies in (``transformers/models/clvp/modeling_clvp.py:735``); ''
+    where the report names none."""
+    if not location or not location.get("file"):
+        return ""
+    path = str(location["file"])
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            path = path.rsplit(marker, 1)[1]
+            break
+    return f"{path}:{location.get('line')}"
+
+
 def summarise_report(report: Path) -> dict[str, Any]:
     """The TSV's fields from a normaudit JSON report (empty when the report is missing)."""
     if not report.is_file():
@@ -290,6 +304,7 @@ def summarise_report(report: Path) -> dict[str, Any]:
     return {
         "capture": capture.get("method"), "complete": capture.get("complete"),
         "capture_error": (failed[-1].get("error") or "")[:300] if failed else "",
+        "capture_location": library_line(failed[-1].get("location")) if failed else "",
         "sites": len(sites), "graph_site_modules": sorted({s["module"] for s in graph_sites}),
         "site_modules": sorted({s["module"] for s in sites}),
         "findings": [{"rule": f["rule_id"], "severity": f["severity"], "module": f["module"],

@@ -19,7 +19,7 @@ from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from normaudit.capture.constants import integer_buffers
-from normaudit.capture.errors import data_dependent, one_line, root_cause
+from normaudit.capture.errors import data_dependent, failure_location, one_line, root_cause
 from normaudit.capture.fake import fake_inputs, fakeify_, is_fake, materialize_fake_
 from normaudit.capture.methods import attempt_label, attempt_plan, export_graph, symbolic_trace_graph
 from normaudit.capture.record import Capture
@@ -146,7 +146,7 @@ def _try_methods(model: nn.Module, fake_args: Any, inputs: Any, mode: FakeTensor
                         gm, user = export_graph(model, fake_args, mode, fixed=fixed, buffers=consts, lift=lift)
             except Exception as exc:  # noqa: BLE001 - any failure moves on to the next method
                 error = one_line(root_cause(exc))
-                attempts.append(CaptureAttempt(method=label, ok=False, error=error,
+                attempts.append(CaptureAttempt(method=label, ok=False, error=error, location=failure_location(exc),
                                                seconds=round(time.perf_counter() - t0, 3)))
                 guarded = guarded or (method == "export" and not lift and data_dependent(error))
                 if train_pass and train_error is None:

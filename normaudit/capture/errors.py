@@ -1,9 +1,14 @@
-"""Capture failures in one line: the root cause behind the wrappers torch re-raises with, whether a failure
-comes from a data-dependent value, and which unset config keys a failure names."""
+"""Capture failures in one line: the root cause behind the wrappers torch re-raises with, the line of model code
+it was raised from, whether a failure comes from a data-dependent value, and which unset config keys a failure
+names."""
 from __future__ import annotations
 
 import re
+import traceback
 from typing import Any, Iterable, Mapping, Optional
+
+from normaudit.loaders.pyfile import is_tool_file
+from normaudit.report import SourceLocation
 
 
 def root_cause(exc: BaseException) -> BaseException:
@@ -12,6 +17,21 @@ def root_cause(exc: BaseException) -> BaseException:
     while exc.__cause__ is not None and seen < 10:
         exc, seen = exc.__cause__, seen + 1
     return exc
+
+
+def failure_location(exc: BaseException) -> Optional[SourceLocation]:
+    """The line of model code (a frame outside torch and normaudit, :func:`is_tool_file`) nearest to where
+    ``exc`` was raised: the innermost such frame of the original exception's traceback, else of the wrappers
+    that re-raised it (``raise ... from``), outermost last. None where every frame is torch's or normaudit's
+    (an op refused inside a torch kernel called from a frame that was not kept)."""
+    chain = [exc]
+    while chain[-1].__cause__ is not None and len(chain) < 10:
+        chain.append(chain[-1].__cause__)
+    for e in reversed(chain):
+        user = [f for f in traceback.extract_tb(e.__traceback__) if f.lineno and not is_tool_file(f.filename)]
+        if user:
+            return SourceLocation(file=user[-1].filename, line=user[-1].lineno)
+    return None
 
 
 def one_line(exc: BaseException) -> str:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from normaudit.capture.errors import data_dependent, one_line, root_cause
+from normaudit.capture.errors import data_dependent, failure_location, one_line, root_cause
 from normaudit.capture.fake import constant_inputs, fake_inputs, no_value_checks
 from normaudit.capture.methods import attempt_label, export_graph, export_retries, symbolic_trace_graph
 from normaudit.capture.record import Capture
@@ -212,7 +212,7 @@ def capture_one(mod: nn.Module, args: tuple, kwargs: dict, mode: FakeTensorMode,
                                        lift=lift)
         except Exception as exc:  # noqa: BLE001
             error = one_line(root_cause(exc))
-            attempts.append(CaptureAttempt(method=label, ok=False, error=error,
+            attempts.append(CaptureAttempt(method=label, ok=False, error=error, location=failure_location(exc),
                                            seconds=round(time.perf_counter() - t0, 3)))
             guarded = guarded or (method == "export" and not lift and data_dependent(error))
             continue

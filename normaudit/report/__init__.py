@@ -30,9 +30,14 @@ from normaudit.report.site_facts import (AliasReader, BatchNormFacts, BatchProbe
 
 
 class CaptureAttempt(_Model):
+    """One capture method tried: ``method`` its label, ``ok`` whether it gave a graph, ``error`` the failure in
+    one line, ``location`` the line of model code the failure was raised from (the innermost frame outside
+    torch and normaudit; None where the traceback holds none), ``seconds`` how long it took."""
+
     method: str
     ok: bool
     error: Optional[str] = None
+    location: Optional[SourceLocation] = None
     seconds: float = 0.0
 
 
