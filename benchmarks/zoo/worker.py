@@ -365,6 +365,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         return result
     result.update(facts, shrink=level, shrink_s=round(time.perf_counter() - start, 2))
     report = Path(job["dir"]) / "report.json"
+    # a sweep resumed into the same folder: normaudit refuses to write over a file of its target's directory,
+    # and the last sweep's report would be summarised as this one's
+    report.unlink(missing_ok=True)
     t0 = time.perf_counter()
     result["exit"] = run_normaudit(target, report)
     result["audit_s"] = round(time.perf_counter() - t0, 2)
